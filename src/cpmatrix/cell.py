@@ -1,0 +1,97 @@
+"""What a case receives: :class:`CellContext`, the public case contract.
+
+A case is a plain function ``def case(cell: CellContext) -> None`` named by a target
+as ``module:function``. It runs on every rank of a world of ``cell.world_size``
+ranks and fails by raising. Everything it needs is on ``cell``.
+
+Example (a complete case)::
+
+    import torch
+    import torch.distributed as dist
+
+    def allreduce_sum(cell):
+        x = torch.randn(4, generator=cell.generator, dtype=cell.dtype)  # same on all ranks
+        y = x.clone()
+        dist.all_reduce(y, group=cell.mesh.get_group("cp1"))
+        torch.testing.assert_close(y, x * cell.mesh.size(1))
+        cell.record("max_abs_err", float((y - x * cell.mesh.size(1)).abs().max()))
+
+This module imports only the standard library at import time; torch objects are
+created by the worker and handed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CellContext", "EvidenceValue", "seed_for"]
+
+EvidenceValue = int | float | str | bool
+
+#: Longest string accepted by ``record``: evidence is numbers or short notes.
+MAX_EVIDENCE_CHARS = 2000
+
+
+def seed_for(cell_id: str) -> int:
+    """The cell's seed: derived from its id only, so a repro draws the same numbers."""
+    return int.from_bytes(hashlib.sha256(cell_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass(kw_only=True)
+class CellContext:
+    """The object a case receives. Attributes are read-only by convention."""
+
+    #: The cell id, e.g. ``ring_attention[unit,2x2,fp64,autocast=off,reference]@cpu``.
+    id: str
+    #: This process's global rank and the world size (= mesh rows * cols).
+    rank: int
+    world_size: int
+    #: A ``torch.distributed.device_mesh.DeviceMesh`` of shape (R, C), dims ("cp0", "cp1").
+    mesh: Any
+    #: ``torch.device`` for tensors (cpu, or this rank's cuda device).
+    device: Any
+    #: ``gloo`` or ``nccl``.
+    backend: str
+    #: ``torch.dtype`` of the cell (fp64 -> torch.float64, ...), and its axis name.
+    dtype: Any
+    dtype_name: str
+    autocast: bool
+    #: ``reference`` or ``kernel``.
+    path: str
+    level: str
+    #: The target's extra axes for this cell, e.g. ``{"seq": 7}``.
+    params: dict[str, Any]
+    #: Derived from the id (:func:`seed_for`); python/numpy/torch RNGs are seeded with it.
+    seed: int
+    #: A ``torch.Generator`` seeded with ``seed``: identical draws on every rank.
+    generator: Any
+    #: A writable folder for this cell and rank.
+    out_dir: Path
+    #: The platform name (``cpu``, ``cuda``) and the target name.
+    platform: str = "cpu"
+    target: str = ""
+    #: The planted bug switched on for this run (``cpmatrix run --mutants``), or None.
+    mutant: str | None = None
+    evidence: dict[str, EvidenceValue] = field(default_factory=dict)
+
+    def record(self, name: str, value: EvidenceValue) -> None:
+        """Attach evidence (a number or a short string) that ends up in the report."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("record(name, value): name must be a non-empty string")
+        if isinstance(value, bool | int | str):
+            pass
+        elif isinstance(value, float):
+            if math.isnan(value):
+                value = "nan"
+        elif hasattr(value, "item"):  # a 0-d tensor or numpy scalar
+            value = value.item()
+        else:
+            raise TypeError(f"record({name!r}, ...): evidence must be a number or a string, "
+                            f"got {type(value).__name__}")
+        if isinstance(value, str) and len(value) > MAX_EVIDENCE_CHARS:
+            value = value[:MAX_EVIDENCE_CHARS] + "..."
+        self.evidence[name] = value

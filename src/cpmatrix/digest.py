@@ -1,0 +1,75 @@
+"""Content digests: what a cell's result depends on, as one sha256.
+
+A cell's digest covers its own spec, the bytes of its case module's source and its
+platform's spec, so editing one case module changes only that module's cells.
+Module sources are found without importing anything (no torch at list time).
+
+Example::
+
+    >>> sources = ModuleSources(("tests/resources/cases",))   # doctest: +SKIP
+    >>> cell_digest({"id": "x"}, sources.read("demo_cases"), {"name": "cpu"})  # doctest: +SKIP
+    '3f1c...'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["ModuleSources", "canonical_json", "cell_digest", "sha256_hex"]
+
+
+def canonical_json(value: object) -> str:
+    """JSON with sorted keys and no whitespace: equal values give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def sha256_hex(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def cell_digest(spec: dict[str, object], source: bytes, platform: dict[str, object]) -> str:
+    """sha256 over the cell's spec, its case module's source bytes and its platform."""
+    h = hashlib.sha256()
+    h.update(b"cpmatrix-cell-v1\0")
+    h.update(canonical_json(spec).encode())
+    h.update(b"\0")
+    h.update(hashlib.sha256(source).digest())
+    h.update(b"\0")
+    h.update(canonical_json(platform).encode())
+    return h.hexdigest()
+
+
+class ModuleSources:
+    """Finds a module's source file on a search path and reads it, cached by name."""
+
+    def __init__(self, search_path: Sequence[str] = ()) -> None:
+        self.search_path = tuple(search_path) + tuple(p for p in sys.path if p)
+        self._cache: dict[str, tuple[str, bytes]] = {}
+
+    def locate(self, module: str) -> str:
+        """The file of ``module`` (``pkg/mod.py`` or ``pkg/mod/__init__.py``)."""
+        return self._get(module)[0]
+
+    def read(self, module: str) -> bytes:
+        return self._get(module)[1]
+
+    def _get(self, module: str) -> tuple[str, bytes]:
+        hit = self._cache.get(module)
+        if hit is not None:
+            return hit
+        rel = Path(*module.split("."))
+        for base in self.search_path:
+            for candidate in (Path(base, rel).with_suffix(".py"), Path(base, rel, "__init__.py")):
+                if candidate.is_file():
+                    path = os.path.abspath(candidate)
+                    found = (path, candidate.read_bytes())
+                    self._cache[module] = found
+                    return found
+        raise LookupError(f"module {module!r} not found on the search path")

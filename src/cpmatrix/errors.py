@@ -1,0 +1,53 @@
+"""Errors users see, and the exit codes every command shares.
+
+Example::
+
+    >>> str(SpecError("m.yaml", 3, 5, "targets[0].level", "unknown level 'x'", "unit, layer"))
+    "m.yaml:3:5: targets[0].level: unknown level 'x' (allowed: unit, layer)"
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["ExitCode", "SpecError", "UsageError"]
+
+
+class ExitCode(IntEnum):
+    """Exit codes: an interface, documented in the README and tested."""
+
+    OK = 0
+    FAILURES = 1
+    USAGE = 2
+    NOTHING_SELECTED = 3
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit 2)."""
+
+
+class SpecError(Exception):
+    """A malformed matrix (exit 2): names file, line, column, YAML path and the fix."""
+
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        column: int,
+        yaml_path: str,
+        message: str,
+        allowed: str = "",
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.column = column
+        self.yaml_path = yaml_path
+        self.message = message
+        self.allowed = allowed
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        path = f" {self.yaml_path}:" if self.yaml_path else ""
+        allowed = f" (allowed: {self.allowed})" if self.allowed else ""
+        return f"{where}:{path} {self.message}{allowed}"

@@ -1,0 +1,520 @@
+"""YAML -> :class:`~cpmatrix.spec.Matrix`: the only module that sees raw YAML.
+
+It composes the document into PyYAML nodes (safe loader only) so every value keeps
+its line and column, and turns any problem into a :class:`SpecError` that names
+file:line:column, the YAML path, the bad value and what is allowed.
+
+Example::
+
+    >>> m = load_matrix("matrix/parity.yaml")      # doctest: +SKIP
+    >>> [t.name for t in m.targets][:2]           # doctest: +SKIP
+    ['allgather', 'ring_attention']
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from .errors import SpecError
+from .spec import (
+    AUTOCAST,
+    DTYPES,
+    KINDS,
+    LEVELS,
+    NAME_RE,
+    PATHS,
+    TIMEOUT_CLASSES,
+    VALUE_RE,
+    Clause,
+    Matrix,
+    Mesh,
+    Platform,
+    Scalar,
+    Target,
+    timeout_seconds,
+)
+
+__all__ = [
+    "ALLOWED_KEYS",
+    "load_matrix",
+    "parse_matrix",
+]
+
+#: The schema's keys, per section. A test freezes this so it only grows on purpose.
+ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude", "include"),
+    "defaults": ("mesh", "dtype", "autocast", "path"),
+    "platform": ("backend", "device", "image", "env", "description"),
+    "target": (
+        "name",
+        "case",
+        "level",
+        "kind",
+        "tags",
+        "timeout",
+        "platforms",
+        "axes",
+        "params",
+        "description",
+    ),
+    "target.axes": ("mesh", "dtype", "autocast", "path"),
+    "clause": ("target", "platform", "level", "mesh", "dtype", "autocast", "path"),
+}
+
+_BUILTIN_DEFAULTS: Final[dict[str, tuple[str, ...]]] = {
+    "mesh": ("1x1",),
+    "dtype": ("fp64",),
+    "autocast": ("off",),
+    "path": ("reference",),
+}
+_BACKENDS: Final = ("gloo", "nccl")
+_DEVICES: Final = ("cpu", "cuda")
+_CASE_RE: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Ctx:
+    """Where we are in the file: turns a node into a located error."""
+
+    def __init__(self, file: str, loader: yaml.SafeLoader) -> None:
+        self.file = file
+        self.loader = loader
+
+    def error(
+        self, node: yaml.Node, path: str, message: str, allowed: str = ""
+    ) -> SpecError:
+        mark = node.start_mark
+        return SpecError(self.file, mark.line + 1, mark.column + 1, path, message, allowed)
+
+    def scalar(self, node: yaml.Node, path: str) -> Scalar:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.error(node, path, f"expected a scalar, got a {_kind(node)}")
+        value = self.loader.construct_object(node, deep=True)
+        if value is None or not isinstance(value, str | int | float | bool):
+            raise self.error(
+                node, path, f"expected a string, number or boolean, got {value!r}"
+            )
+        return value
+
+    def string(self, node: yaml.Node, path: str) -> str:
+        value = self.scalar(node, path)
+        if not isinstance(value, str):
+            raise self.error(node, path, f"expected a string, got {value!r}")
+        return value
+
+    def mapping(
+        self, node: yaml.Node, path: str, allowed: tuple[str, ...] | None
+    ) -> Iterator[tuple[str, yaml.Node, yaml.Node]]:
+        """Yield (key, key_node, value_node); reject duplicates and unknown keys."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, path, f"expected a mapping, got a {_kind(node)}")
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = self.scalar(key_node, path)
+            key = _render(key) if not isinstance(key, str) else key
+            sub = f"{path}.{key}" if path else key
+            if key in seen:
+                raise self.error(key_node, sub, f"duplicate key {key!r}")
+            seen.add(key)
+            if allowed is not None and key not in allowed:
+                raise self.error(
+                    key_node, sub, f"unknown key {key!r}", ", ".join(allowed)
+                )
+            yield key, key_node, value_node
+
+    def sequence(self, node: yaml.Node, path: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.error(node, path, f"expected a list, got a {_kind(node)}")
+        return list(node.value)
+
+    def scalar_list(self, node: yaml.Node, path: str) -> list[tuple[Scalar, yaml.Node, str]]:
+        """A list of scalars (a lone scalar counts as a one-element list)."""
+        if isinstance(node, yaml.ScalarNode):
+            return [(self.scalar(node, path), node, path)]
+        items = self.sequence(node, path)
+        if not items:
+            raise self.error(node, path, "empty list: give at least one value")
+        out = []
+        for i, item in enumerate(items):
+            out.append((self.scalar(item, f"{path}[{i}]"), item, f"{path}[{i}]"))
+        return out
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "list"
+    return "scalar"
+
+
+def _render(value: Scalar) -> str:
+    """How a scalar appears in ids and comparisons (YAML's on/off read as booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _axis_value(ctx: _Ctx, axis: str, value: Scalar, node: yaml.Node, path: str) -> str:
+    """Validate one standard-axis value and return its canonical text."""
+    if axis == "autocast":
+        # YAML 1.1 reads bare on/off as booleans; accept both spellings.
+        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        if text not in AUTOCAST:
+            raise ctx.error(node, path, f"unknown autocast value {value!r}", ", ".join(AUTOCAST))
+        return text
+    if not isinstance(value, str):
+        raise ctx.error(node, path, f"expected a string for {axis}, got {value!r}")
+    if axis == "mesh":
+        try:
+            Mesh.parse(value)
+        except ValueError:
+            raise ctx.error(
+                node,
+                path,
+                f"malformed mesh {value!r}: expected 'RxC' with positive integers",
+                "e.g. 1x1, 1x2, 2x2, 2x3, 3x3",
+            ) from None
+        return value
+    vocab = {"level": LEVELS, "dtype": DTYPES, "path": PATHS}[axis]
+    if value not in vocab:
+        raise ctx.error(node, path, f"unknown {axis} {value!r}", ", ".join(vocab))
+    return value
+
+
+def _axis_list(ctx: _Ctx, axis: str, node: yaml.Node, path: str) -> tuple[str, ...]:
+    values: list[str] = []
+    for value, item, ipath in ctx.scalar_list(node, path):
+        text = _axis_value(ctx, axis, value, item, ipath)
+        if text in values:
+            raise ctx.error(item, ipath, f"duplicate {axis} value {text!r}")
+        values.append(text)
+    return tuple(values)
+
+
+def _where(ctx: _Ctx, node: yaml.Node) -> str:
+    return f"{ctx.file}:{node.start_mark.line + 1}"
+
+
+def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
+    fields: dict[str, yaml.Node] = {}
+    for key, _, value_node in ctx.mapping(node, path, ALLOWED_KEYS["platform"]):
+        fields[key] = value_node
+    for required in ("backend", "device", "image"):
+        if required not in fields:
+            raise ctx.error(node, path, f"platform {name!r} needs {required!r}")
+    backend = ctx.string(fields["backend"], f"{path}.backend")
+    if backend not in _BACKENDS:
+        raise ctx.error(
+            fields["backend"], f"{path}.backend", f"unknown backend {backend!r}", ", ".join(_BACKENDS)
+        )
+    device = ctx.string(fields["device"], f"{path}.device")
+    if device not in _DEVICES:
+        raise ctx.error(
+            fields["device"], f"{path}.device", f"unknown device {device!r}", ", ".join(_DEVICES)
+        )
+    env: list[tuple[str, str]] = []
+    if "env" in fields:
+        for key, key_node, value_node in ctx.mapping(fields["env"], f"{path}.env", None):
+            if not _ENV_RE.match(key):
+                raise ctx.error(key_node, f"{path}.env.{key}", f"bad variable name {key!r}")
+            env.append((key, _render(ctx.scalar(value_node, f"{path}.env.{key}"))))
+    description = ""
+    if "description" in fields:
+        description = ctx.string(fields["description"], f"{path}.description")
+    return Platform(
+        name=name,
+        backend=backend,  # type: ignore[arg-type]  # checked against _BACKENDS above
+        device=device,  # type: ignore[arg-type]
+        image=ctx.string(fields["image"], f"{path}.image"),
+        env=tuple(env),
+        description=description,
+    )
+
+
+def _timeout(ctx: _Ctx, node: yaml.Node, path: str) -> int:
+    value = ctx.scalar(node, path)
+    if isinstance(value, str) and value in TIMEOUT_CLASSES:
+        return timeout_seconds(value)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return timeout_seconds(value)
+    allowed = ", ".join(f"{k} ({v} s)" for k, v in TIMEOUT_CLASSES.items())
+    raise ctx.error(
+        node, path, f"bad timeout {value!r}: neither a class nor a positive number of seconds",
+        allowed + ", or seconds > 0",
+    )
+
+
+def _target(
+    ctx: _Ctx,
+    node: yaml.Node,
+    path: str,
+    defaults: dict[str, tuple[str, ...]],
+    platforms: tuple[str, ...],
+) -> Target:
+    fields: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for key, key_node, value_node in ctx.mapping(node, path, ALLOWED_KEYS["target"]):
+        fields[key] = (key_node, value_node)
+    for required in ("name", "case", "level"):
+        if required not in fields:
+            raise ctx.error(node, path, f"target needs {required!r}")
+    name_node = fields["name"][1]
+    name = ctx.string(name_node, f"{path}.name")
+    if not NAME_RE.match(name):
+        raise ctx.error(
+            name_node, f"{path}.name", f"bad target name {name!r}", "letters, digits and _"
+        )
+    case_node = fields["case"][1]
+    case = ctx.string(case_node, f"{path}.case")
+    if not _CASE_RE.match(case):
+        raise ctx.error(
+            case_node,
+            f"{path}.case",
+            f"bad case {case!r}: must be 'module:function'",
+            "e.g. mypkg.tests.cases:ring_attention",
+        )
+    level_node = fields["level"][1]
+    level = _axis_value(ctx, "level", ctx.scalar(level_node, f"{path}.level"), level_node,
+                        f"{path}.level")
+    kind = "parity"
+    if "kind" in fields:
+        kind_node = fields["kind"][1]
+        kind = ctx.string(kind_node, f"{path}.kind")
+        if kind not in KINDS:
+            raise ctx.error(kind_node, f"{path}.kind", f"unknown kind {kind!r}", ", ".join(KINDS))
+    tags: list[str] = []
+    if "tags" in fields:
+        for value, item, ipath in ctx.scalar_list(fields["tags"][1], f"{path}.tags"):
+            if not isinstance(value, str) or not NAME_RE.match(value):
+                raise ctx.error(item, ipath, f"bad tag {value!r}", "letters, digits and _")
+            tags.append(value)
+    timeout_s = 300
+    if "timeout" in fields:
+        timeout_s = _timeout(ctx, fields["timeout"][1], f"{path}.timeout")
+    target_platforms: list[str] = []
+    if "platforms" in fields:
+        for value, item, ipath in ctx.scalar_list(fields["platforms"][1], f"{path}.platforms"):
+            if value not in platforms:
+                raise ctx.error(item, ipath, f"unknown platform {value!r}", ", ".join(platforms))
+            target_platforms.append(str(value))
+    axes = dict(defaults)
+    if "axes" in fields:
+        apath = f"{path}.axes"
+        for key, _, value_node in ctx.mapping(fields["axes"][1], apath, ALLOWED_KEYS["target.axes"]):
+            axes[key] = _axis_list(ctx, key, value_node, f"{apath}.{key}")
+    params: list[tuple[str, tuple[Scalar, ...]]] = []
+    if "params" in fields:
+        ppath = f"{path}.params"
+        for key, key_node, value_node in ctx.mapping(fields["params"][1], ppath, None):
+            kpath = f"{ppath}.{key}"
+            if not NAME_RE.match(key) or key in ALLOWED_KEYS["clause"]:
+                raise ctx.error(
+                    key_node, kpath, f"bad extra-axis name {key!r}",
+                    "letters, digits and _, not a standard axis, 'target' or 'platform'",
+                )
+            values: list[Scalar] = []
+            rendered: list[str] = []
+            for value, item, ipath in ctx.scalar_list(value_node, kpath):
+                text = _render(value)
+                if not VALUE_RE.match(text):
+                    raise ctx.error(
+                        item, ipath, f"value {value!r} cannot appear in a cell id",
+                        "letters, digits, '_', '.', '+' and '-'",
+                    )
+                if text in rendered:
+                    raise ctx.error(item, ipath, f"duplicate value {value!r} (as {text!r})")
+                values.append(value)
+                rendered.append(text)
+            params.append((key, tuple(values)))
+    description = ""
+    if "description" in fields:
+        description = ctx.string(fields["description"][1], f"{path}.description")
+    return Target(
+        name=name,
+        case=case,
+        level=level,
+        kind=kind,
+        tags=tuple(tags),
+        timeout_s=timeout_s,
+        platforms=tuple(target_platforms),
+        axes=tuple((k, axes[k]) for k in ("mesh", "dtype", "autocast", "path")),
+        params=tuple(params),
+        description=description,
+        where=_where(ctx, node),
+    )
+
+
+def _clause(
+    ctx: _Ctx,
+    node: yaml.Node,
+    path: str,
+    label: str,
+    targets: tuple[Target, ...],
+    platforms: tuple[str, ...],
+    is_include: bool,
+) -> Clause:
+    known_params: dict[str, set[str]] = {}
+    for t in targets:
+        for key, values in t.params:
+            known_params.setdefault(key, set()).update(_render(v) for v in values)
+    allowed = ALLOWED_KEYS["clause"] + tuple(sorted(known_params))
+    conditions: list[tuple[str, tuple[Scalar, ...]]] = []
+    for key, _, value_node in ctx.mapping(node, path, allowed):
+        kpath = f"{path}.{key}"
+        values: list[Scalar] = []
+        for value, item, ipath in ctx.scalar_list(value_node, kpath):
+            if key == "target":
+                names = [t.name for t in targets]
+                if value not in names:
+                    raise ctx.error(item, ipath, f"unknown target {value!r}", ", ".join(names))
+                values.append(str(value))
+            elif key == "platform":
+                if value not in platforms:
+                    raise ctx.error(item, ipath, f"unknown platform {value!r}", ", ".join(platforms))
+                values.append(str(value))
+            elif key in ("level", "mesh", "dtype", "autocast", "path"):
+                values.append(_axis_value(ctx, key, value, item, ipath))
+            else:
+                text = _render(value)
+                # An exclude naming a value no target has would silently match nothing.
+                if not is_include and text not in known_params[key]:
+                    raise ctx.error(
+                        item, ipath, f"unknown value {value!r} for extra axis {key!r}",
+                        ", ".join(sorted(known_params[key])),
+                    )
+                if not VALUE_RE.match(text):
+                    raise ctx.error(item, ipath, f"value {value!r} cannot appear in a cell id")
+                values.append(value)
+        conditions.append((key, tuple(values)))
+    if not conditions:
+        raise ctx.error(node, path, "empty clause: name at least one axis")
+    return Clause(conditions=tuple(conditions), where=_where(ctx, node), label=label)
+
+
+def parse_matrix(text: str, file: str = "<matrix>", base_dir: str | None = None) -> Matrix:
+    """Parse matrix YAML text; raise :class:`SpecError` on any problem."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark else 1
+            col = mark.column + 1 if mark else 1
+            raise SpecError(file, line, col, "", f"YAML syntax error: {exc.problem}") from None
+        except yaml.YAMLError as exc:
+            raise SpecError(file, 1, 1, "", f"YAML error: {exc}") from None
+        if root is None:
+            raise SpecError(file, 1, 1, "", "empty matrix file", "a mapping with 'version: 1'")
+        ctx = _Ctx(file, loader)
+        return _matrix(ctx, root, base_dir if base_dir is not None else os.path.dirname(file))
+    finally:
+        loader.dispose()
+
+
+def _matrix(ctx: _Ctx, root: yaml.Node, base_dir: str) -> Matrix:
+    sections: dict[str, yaml.Node] = {}
+    for key, _, value_node in ctx.mapping(root, "", ALLOWED_KEYS["matrix"]):
+        sections[key] = value_node
+    if "version" not in sections:
+        raise ctx.error(root, "", "missing 'version'", "1")
+    version = ctx.scalar(sections["version"], "version")
+    if version != 1 or isinstance(version, bool):
+        raise ctx.error(sections["version"], "version", f"unsupported version {version!r}", "1")
+    if "platforms" not in sections:
+        raise ctx.error(root, "", "missing 'platforms'", "a mapping such as {cpu: {...}}")
+    platforms = tuple(
+        _platform(ctx, name, node, f"platforms.{name}")
+        for name, _, node in ctx.mapping(sections["platforms"], "platforms", None)
+    )
+    for p, (_, key_node, _) in zip(
+        platforms, ctx.mapping(sections["platforms"], "platforms", None), strict=True
+    ):
+        if not NAME_RE.match(p.name):
+            raise ctx.error(key_node, f"platforms.{p.name}", f"bad platform name {p.name!r}")
+    if not platforms:
+        raise ctx.error(sections["platforms"], "platforms", "no platform declared")
+    platform_names = tuple(p.name for p in platforms)
+
+    defaults = dict(_BUILTIN_DEFAULTS)
+    if "defaults" in sections:
+        for key, _, value_node in ctx.mapping(
+            sections["defaults"], "defaults", ALLOWED_KEYS["defaults"]
+        ):
+            defaults[key] = _axis_list(ctx, key, value_node, f"defaults.{key}")
+
+    if "targets" not in sections:
+        raise ctx.error(root, "", "missing 'targets'", "a list of targets")
+    targets: list[Target] = []
+    names: dict[str, int] = {}
+    for i, node in enumerate(ctx.sequence(sections["targets"], "targets")):
+        t = _target(ctx, node, f"targets[{i}]", defaults, platform_names)
+        if t.name in names:
+            name_node = _child(node, "name")
+            raise ctx.error(
+                name_node or node,
+                f"targets[{i}].name",
+                f"duplicate target name {t.name!r} (first at targets[{names[t.name]}])",
+            )
+        names[t.name] = i
+        targets.append(t)
+    if not targets:
+        raise ctx.error(sections["targets"], "targets", "no target declared")
+
+    clauses: dict[str, list[Clause]] = {"exclude": [], "include": []}
+    for section in ("exclude", "include"):
+        if section in sections:
+            for i, node in enumerate(ctx.sequence(sections[section], section)):
+                clauses[section].append(
+                    _clause(ctx, node, f"{section}[{i}]", f"{section}[{i}]", tuple(targets),
+                            platform_names, section == "include")
+                )
+
+    pythonpath: list[str] = []
+    if "pythonpath" in sections:
+        for value, item, ipath in ctx.scalar_list(sections["pythonpath"], "pythonpath"):
+            if not isinstance(value, str):
+                raise ctx.error(item, ipath, f"expected a directory, got {value!r}")
+            directory = Path(base_dir, value).resolve()
+            if not directory.is_dir():
+                raise ctx.error(item, ipath, f"no such directory {str(directory)!r}")
+            pythonpath.append(str(directory))
+
+    return Matrix(
+        path=ctx.file,
+        version=1,
+        platforms=platforms,
+        targets=tuple(targets),
+        exclude=tuple(clauses["exclude"]),
+        include=tuple(clauses["include"]),
+        pythonpath=tuple(pythonpath),
+    )
+
+
+def _child(node: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return v
+    return None
+
+
+def load_matrix(path: str | os.PathLike[str]) -> Matrix:
+    """Read and validate a matrix file.
+
+    Raises :class:`SpecError` (exit 2) for anything malformed, including a missing file.
+    """
+    file = os.fspath(path)
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(file, 0, 0, "", "no such matrix file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(file, 0, 0, "", f"cannot read matrix: {exc}") from None
+    return parse_matrix(text, file)

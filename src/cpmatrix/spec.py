@@ -1,0 +1,282 @@
+"""The matrix schema: frozen value objects, validated once by :mod:`cpmatrix.load`.
+
+Nothing past the loader re-checks input; these classes only hold it.
+
+Example::
+
+    >>> Mesh.parse("2x3").world_size
+    6
+    >>> timeout_seconds("moderate")
+    300
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+__all__ = [
+    "AUTOCAST",
+    "AXES",
+    "DTYPES",
+    "KINDS",
+    "LEVELS",
+    "PATHS",
+    "TIMEOUT_CLASSES",
+    "Cell",
+    "Clause",
+    "Matrix",
+    "Mesh",
+    "Platform",
+    "Scalar",
+    "Target",
+    "timeout_seconds",
+]
+
+Scalar = str | int | float | bool
+
+LEVELS: Final = ("unit", "layer", "module", "workflow")
+DTYPES: Final = ("fp64", "fp32", "bf16", "fp16")
+AUTOCAST: Final = ("off", "on")
+PATHS: Final = ("reference", "kernel")
+#: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
+KINDS: Final = ("parity", "property")
+#: The standard axes, in the order they appear in a cell id.
+AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
+#: Bazel's test-size timeouts, per cell.
+TIMEOUT_CLASSES: Final = {"short": 60, "moderate": 300, "long": 900, "eternal": 3600}
+
+REDUCED_PRECISION: Final = ("bf16", "fp16")
+
+_MESH_RE: Final = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
+#: Names of targets, platforms and extra axes: safe in ids and file names.
+NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Rendered parameter values must stay safe in an id and a file name.
+VALUE_RE: Final = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def timeout_seconds(value: str | int | float) -> int:
+    """A Bazel timeout class or a positive number of seconds, as whole seconds."""
+    if isinstance(value, str):
+        return TIMEOUT_CLASSES[value]
+    return max(1, int(round(value)))
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Mesh:
+    """A 2-D context-parallel mesh of ``rows x cols`` ranks, dims named ("cp0", "cp1")."""
+
+    rows: int
+    cols: int
+
+    @classmethod
+    def parse(cls, text: str) -> Mesh:
+        m = _MESH_RE.match(text)
+        if m is None:
+            raise ValueError(f"bad mesh {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    @property
+    def world_size(self) -> int:
+        return self.rows * self.cols
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.cols}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Platform:
+    """Where cells run: the process-group backend, the torch device and the image."""
+
+    name: str
+    #: torch.distributed backend: ``gloo`` or ``nccl``.
+    backend: Literal["gloo", "nccl"]
+    #: torch device type for tensors and the mesh.
+    device: Literal["cpu", "cuda"]
+    #: Dockerfile the platform's image is built from (relative to the project root).
+    image: str
+    #: Extra environment for every cell on this platform (e.g. TRITON_INTERPRET=1).
+    env: tuple[tuple[str, str], ...] = ()
+    #: A short human description.
+    description: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "device": self.device,
+            "image": self.image,
+            "env": dict(self.env),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """One rule of the matrix: a case and the axis values it is expanded over."""
+
+    name: str
+    #: ``module:function`` of the case, imported inside the worker.
+    case: str
+    level: str
+    kind: str = "parity"
+    tags: tuple[str, ...] = ()
+    timeout_s: int = 300
+    #: Platform names this target may run on; empty means every platform.
+    platforms: tuple[str, ...] = ()
+    #: Standard axis values (mesh, dtype, autocast, path) after defaults are applied.
+    axes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: Extra axes of this target, in declaration order: name -> values.
+    params: tuple[tuple[str, tuple[Scalar, ...]], ...] = ()
+    description: str = ""
+    #: file:line of the target in its matrix, for messages.
+    where: str = ""
+
+    def axis(self, name: str) -> tuple[str, ...]:
+        for key, values in self.axes:
+            if key == name:
+                return values
+        raise KeyError(name)
+
+    def param_values(self, name: str) -> tuple[Scalar, ...]:
+        for key, values in self.params:
+            if key == name:
+                return values
+        raise KeyError(name)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Clause:
+    """A partial combination used by ``exclude`` and ``include``.
+
+    Each key maps to the values it accepts; a cell matches when every key does.
+    Keys are standard axes, ``target``, ``platform`` or extra-axis names.
+    """
+
+    conditions: tuple[tuple[str, tuple[Scalar, ...]], ...]
+    #: file:line of the clause, shown by ``list --why-excluded``.
+    where: str = ""
+    label: str = ""
+
+    def get(self, key: str) -> tuple[Scalar, ...] | None:
+        for k, values in self.conditions:
+            if k == key:
+                return values
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Matrix:
+    """A loaded matrix file."""
+
+    path: str
+    version: int
+    platforms: tuple[Platform, ...]
+    targets: tuple[Target, ...]
+    exclude: tuple[Clause, ...] = ()
+    include: tuple[Clause, ...] = ()
+    #: Directories (absolute) searched for case modules, before sys.path.
+    pythonpath: tuple[str, ...] = ()
+
+    def platform(self, name: str) -> Platform:
+        for p in self.platforms:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cell:
+    """One runnable combination: a target at fixed axis values on one platform.
+
+    ``id`` is stable, human-readable, unique within a matrix, safe as a file name,
+    and parses back with :func:`cpmatrix.cellid.parse_cell_id`.
+    """
+
+    id: str
+    target: str
+    case: str
+    kind: str
+    level: str
+    mesh: Mesh
+    dtype: str
+    autocast: bool
+    path: str
+    params: tuple[tuple[str, Scalar], ...]
+    platform: str
+    timeout_s: int
+    tags: tuple[str, ...]
+    digest: str = field(compare=False, default="")
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+    @property
+    def params_dict(self) -> dict[str, Scalar]:
+        return dict(self.params)
+
+    def axis_value(self, key: str) -> Scalar | None:
+        """The value of a standard axis, ``target``, ``platform`` or an extra axis."""
+        match key:
+            case "level":
+                return self.level
+            case "mesh":
+                return str(self.mesh)
+            case "dtype":
+                return self.dtype
+            case "autocast":
+                return "on" if self.autocast else "off"
+            case "path":
+                return self.path
+            case "target":
+                return self.target
+            case "platform":
+                return self.platform
+        return self.params_dict.get(key)
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``list --json`` view (also what a world file carries to the worker)."""
+        return {
+            "id": self.id,
+            "target": self.target,
+            "case": self.case,
+            "kind": self.kind,
+            "level": self.level,
+            "mesh": str(self.mesh),
+            "world_size": self.world_size,
+            "dtype": self.dtype,
+            "autocast": self.autocast,
+            "path": self.path,
+            "platform": self.platform,
+            "tags": list(self.tags),
+            "timeout_s": self.timeout_s,
+            "digest": self.digest,
+            "params": dict(self.params),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Cell:
+        params = d["params"]
+        tags = d["tags"]
+        assert isinstance(params, dict) and isinstance(tags, list)
+        return cls(
+            id=str(d["id"]),
+            target=str(d["target"]),
+            case=str(d["case"]),
+            kind=str(d.get("kind", "parity")),
+            level=str(d["level"]),
+            mesh=Mesh.parse(str(d["mesh"])),
+            dtype=str(d["dtype"]),
+            autocast=bool(d["autocast"]),
+            path=str(d["path"]),
+            params=tuple(params.items()),
+            platform=str(d["platform"]),
+            timeout_s=int(str(d["timeout_s"])),
+            tags=tuple(str(t) for t in tags),
+            digest=str(d.get("digest", "")),
+        )
