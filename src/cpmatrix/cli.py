@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_show.add_argument("cell_id")
     p_show.add_argument("--matrix", default=DEFAULT_MATRIX)
 
+    from .cli_run import add_run_parser
+
+    add_run_parser(sub)
     return parser
 
 
@@ -79,7 +82,12 @@ def select_from_args(args: argparse.Namespace) -> tuple[Matrix, Expansion, list[
     return matrix, expansion, cells
 
 
-def nothing_selected(args: argparse.Namespace, total: int) -> str:
+def nothing_selected(args: argparse.Namespace, total: int, excluded: int = 0) -> str:
+    if total == 0:
+        return (
+            f"nothing selected: {args.matrix} yields no cell: all {excluded} combinations "
+            "were excluded (see `cpmatrix list --why-excluded`)"
+        )
     parts = []
     if args.platform:
         parts.append(f"--platform {args.platform}")
@@ -104,7 +112,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for e in expansion.excluded:
             print(f"  {e.id}  <- {e.reason}", file=stream)
     if not cells:
-        print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
+        print(nothing_selected(args, len(expansion.cells), len(expansion.excluded)),
+              file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
     print(f"{len(cells)} of {len(expansion.cells)} cells selected", file=sys.stderr)
     return ExitCode.OK
@@ -135,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        handler = {"list": _cmd_list, "show": _cmd_show}[args.command]
+        from .cli_run import cmd_run
+
+        handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run}[args.command]
         return int(handler(args))
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)

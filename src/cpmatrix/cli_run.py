@@ -1,0 +1,169 @@
+"""``cpmatrix run``: select cells, run them in batched worlds, report, exit 0/1/2/3.
+
+Example::
+
+    $ cpmatrix run --matrix matrix/parity.yaml --platform cpu -k ring --out out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .console import Progress, format_summary
+from .errors import ExitCode, UsageError
+from .plan import plan_batches
+from .runners.base import get_runner, runner_names
+from .session import load_durations, run_cells
+from .spec import Cell, Matrix
+from .supervise import WorldOptions
+
+__all__ = ["add_run_parser", "cmd_run", "discover_mutants", "visible_cuda_devices"]
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from .cli import _add_selection
+
+    p = sub.add_parser("run", help="run the selected cells in batched torchrun worlds")
+    _add_selection(p)
+    p.set_defaults(platform="cpu")
+    p.add_argument("--out", default="out", help="output folder (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="cells per torchrun world (default: one world per platform x world size)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="worlds run at once")
+    p.add_argument("--runner", default="local", choices=runner_names(),
+                   help="how worlds are launched (default: %(default)s)")
+    p.add_argument("--mutants", action="store_true",
+                   help="also run each cell once per declared mutant; a surviving mutant fails")
+    p.add_argument("--abort-grace", type=float, default=5.0, metavar="S",
+                   help="seconds to wait for the other ranks after one rank fails a cell")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; run nothing")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="cuda devices in the pool (default: all visible)")
+    p.add_argument("--keep-order", action="store_true",
+                   help="run cells in matrix order instead of longest-first")
+    p.add_argument("--python", default=sys.executable, metavar="PATH",
+                   help="interpreter that launches the worlds (default: this one)")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a TTY")
+
+
+def visible_cuda_devices() -> int:
+    """Count CUDA devices without importing torch (nvidia-smi, else 0)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    count = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count
+
+
+def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
+    """Import each case once (in a subprocess: torch stays out of this process) and
+    read the mutants it declares (``fn.__cpmatrix_mutants__``)."""
+    cases = sorted({c.case for c in cells})
+    code = (
+        "import importlib, json, sys\n"
+        f"sys.path[:0] = {list(matrix.pythonpath)!r}\n"
+        "out = {}\n"
+        "for ref in json.loads(sys.argv[1]):\n"
+        "    mod, _, attr = ref.partition(':')\n"
+        "    try:\n"
+        "        fn = getattr(importlib.import_module(mod), attr)\n"
+        "        out[ref] = list(getattr(fn, '__cpmatrix_mutants__', {}) or {})\n"
+        "    except Exception as exc:\n"
+        "        out[ref] = {'error': f'{type(exc).__name__}: {exc}'}\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cases)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise UsageError(f"could not read declared mutants:\n{proc.stderr[-2000:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    per_cell: dict[str, list[str]] = {}
+    for c in cells:
+        declared = found.get(c.case, [])
+        names = declared if isinstance(declared, list) else []
+        # The unmutated run comes first: a mutant is only "killed" against a green cell.
+        per_cell[c.id] = ["", *names]
+    return per_cell
+
+
+def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
+    batches = plan_batches(cells, durations=load_durations(out), batch_size=args.batch_size,
+                           keep_order=args.keep_order)
+    print(f"plan: {len(cells)} cells in {len(batches)} worlds (runner: {args.runner})")
+    for b in batches:
+        print(f"world {b.name}: {b.world_size} ranks, {len(b.cells)} cells")
+        for c in b.cells:
+            print(f"  {c.id}  timeout={c.timeout_s}s")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .cli import nothing_selected, select_from_args
+
+    matrix, expansion, cells = select_from_args(args)
+    if not cells:
+        print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
+        return ExitCode.NOTHING_SELECTED
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError("--batch-size must be >= 1")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be >= 1")
+    out = Path(args.out).resolve()
+    platforms = {p.name: p for p in matrix.platforms}
+    if args.dry_run:
+        _print_plan(cells, args, out)
+        return ExitCode.OK
+    needs_cuda = any(platforms[c.platform].device == "cuda" for c in cells)
+    gpus = args.gpus if args.gpus is not None else (visible_cuda_devices() if needs_cuda else 0)
+    if needs_cuda:
+        if gpus == 0:
+            raise UsageError("the selection has cuda cells but no CUDA device is visible "
+                             "(use --dry-run to check the plan on a CPU machine)")
+        widest = max(c.world_size for c in cells if platforms[c.platform].device == "cuda")
+        if widest > gpus:
+            raise UsageError(f"a {widest}-rank cuda cell needs {widest} devices; {gpus} visible")
+    try:
+        runner = get_runner(args.runner)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(str(exc)) from None
+    why_not = runner.unavailable()
+    if why_not:
+        raise UsageError(f"--runner {args.runner}: {why_not}")
+    mutants = discover_mutants(matrix, cells) if args.mutants else None
+
+    project_root = str(Path(matrix.path).resolve().parent.parent)
+    src_dir = str(Path(__file__).resolve().parent.parent)
+    options = WorldOptions(
+        out_root=out,
+        runner=runner,
+        pythonpath=(*matrix.pythonpath, src_dir),
+        project_root=project_root,
+        abort_grace_s=args.abort_grace,
+        python=args.python,
+    )
+    progress = Progress(force_plain=args.plain)
+    try:
+        report = run_cells(
+            cells, platforms, options, batch_size=args.batch_size, jobs=args.jobs,
+            devices=gpus, mutants=mutants, keep_order=args.keep_order, on_start=progress.start, on_result=progress.update,
+        )
+    finally:
+        progress.stop()
+    print(format_summary(report, os.path.relpath(out)))
+    if mutants is not None:
+        print(report.mutant_line())
+    return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES

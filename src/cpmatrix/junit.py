@@ -1,0 +1,168 @@
+"""JUnit XML: one file per world, merged with junitparser into ``report.xml``.
+
+One testsuite per target, one testcase per planned cell (name = cell id), with the
+numeric evidence and the cell's axes as ``<properties>`` on the testcase (the form
+pytest's ``record_property`` uses, which CI test-report readers show).
+
+Example::
+
+    >>> xml = results_to_junit([], {})      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
+
+from .fsutil import atomic_write_bytes
+from .result import Result, Status
+from .spec import Cell
+
+__all__ = ["merge_junit", "read_junit_results", "results_to_junit", "testcase_name"]
+
+_TEXT_LIMIT = 20_000
+
+
+def testcase_name(cell_id: str, mutant: str = "") -> str:
+    """Mutant runs are separate testcases: ``<cell id>!mutant=<name>``."""
+    return f"{cell_id}!mutant={mutant}" if mutant else cell_id
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _TEXT_LIMIT else text[:_TEXT_LIMIT] + "\n... (clipped)"
+
+
+def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
+    props: list[tuple[str, str]] = [("cell_id", result.cell_id)]
+    if cell is not None:
+        d = cell.to_dict()
+        props += [
+            ("digest", cell.digest),
+            ("target", cell.target),
+            ("platform", cell.platform),
+            ("mesh", str(cell.mesh)),
+            ("world_size", str(cell.world_size)),
+            ("dtype", cell.dtype),
+            ("autocast", "on" if cell.autocast else "off"),
+            ("path", cell.path),
+            ("level", cell.level),
+            ("params", ",".join(f"{k}={v}" for k, v in d["params"].items())),  # type: ignore[attr-defined]
+            ("tags", ",".join(cell.tags)),
+        ]
+    props += [
+        ("status", result.status.value),
+        ("duration", f"{result.duration_s:.3f}"),
+        ("case_time", f"{result.case_s:.3f}"),
+        ("attempts", str(result.attempts)),
+    ]
+    if result.kind is not None:
+        props.append(("kind", result.kind.value))
+    if result.failing_ranks:
+        props.append(("failing_ranks", ",".join(map(str, result.failing_ranks))))
+    if result.mutant:
+        props.append(("mutant", result.mutant))
+    if result.message:
+        props.append(("message", result.message[:500]))
+    for key, value in result.evidence.items():
+        props.append((f"evidence.{key}", str(value)))
+    return props
+
+
+def _failure_text(result: Result) -> str:
+    parts: list[str] = []
+    if result.message:
+        parts.append(result.message)
+    for f in result.failures:
+        parts.append(f"--- rank {f.rank}: {f.message}" + (f" [check: {f.check}]" if f.check else ""))
+        if f.traceback:
+            parts.append(f.traceback.rstrip())
+    for rank, tail in sorted(result.stderr_tails.items()):
+        if tail.strip():
+            parts.append(f"--- rank {rank} log (last lines)\n{tail.rstrip()}")
+    return _clip("\n".join(parts))
+
+
+def _testcase(cell: Cell | None, result: Result) -> TestCase:
+    target = cell.target if cell else result.cell_id.split("[", 1)[0]
+    tc = TestCase(testcase_name(result.cell_id, result.mutant), classname=target,
+                  time=round(result.duration_s, 3))
+    props = Properties()
+    for name, value in _properties(cell, result):
+        props.append(Property(name, value))
+    tc.append(props)
+    if result.status in (Status.PASSED, Status.CACHED, Status.FLAKY):
+        if result.status is Status.FLAKY:
+            tc.system_out = _clip(f"FLAKY: {result.message}\n{_failure_text(result)}")
+        return tc
+    if result.status is Status.SKIPPED:
+        tc.result = [Skipped(result.message)]
+        return tc
+    head = result.headline()
+    if result.kind is not None and result.kind.value == "error":
+        elem: Failure | Error = Failure(head[:300], result.first_failure.message.split(":")[0]
+                                        if result.first_failure else "error")
+    else:
+        elem = Error(head[:300], result.status.value)
+    elem.text = _failure_text(result)
+    tc.result = [elem]
+    return tc
+
+
+def results_to_junit(results: Iterable[Result], cells: Mapping[str, Cell],
+                     suite_name: str = "cpmatrix") -> JUnitXml:
+    """Build a JUnitXml with one testsuite per target."""
+    suites: dict[str, TestSuite] = {}
+    for r in results:
+        cell = cells.get(r.cell_id)
+        target = cell.target if cell else r.cell_id.split("[", 1)[0]
+        suite = suites.get(target)
+        if suite is None:
+            suite = suites[target] = TestSuite(target)
+        suite.add_testcase(_testcase(cell, r))
+    xml = JUnitXml(suite_name)
+    for suite in suites.values():
+        suite.update_statistics()
+        xml.add_testsuite(suite)
+    xml.update_statistics()
+    return xml
+
+
+def write_junit(path: str | os.PathLike[str], xml: JUnitXml) -> None:
+    data = xml.tostring()
+    atomic_write_bytes(path, data if isinstance(data, bytes) else data.encode())
+
+
+def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> JUnitXml:
+    """Merge world files into one report, regrouping testcases into one suite per target."""
+    suites: dict[str, TestSuite] = {}
+    for path in paths:
+        for suite in JUnitXml.fromfile(os.fspath(path)):
+            for case in suite:
+                target = case.classname or suite.name
+                dest = suites.get(target)
+                if dest is None:
+                    dest = suites[target] = TestSuite(target)
+                dest.add_testcase(case)
+    xml = JUnitXml("cpmatrix")
+    for name in sorted(suites):
+        suites[name].update_statistics()
+        xml.add_testsuite(suites[name])
+    xml.update_statistics()
+    write_junit(out, xml)
+    return xml
+
+
+def read_junit_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Each testcase of a report as ``{"name":..., "properties": {...}, "text": ...}``."""
+    out = []
+    for suite in JUnitXml.fromfile(os.fspath(path)):
+        for case in suite:
+            props_elem = case.child(Properties)
+            props = {p.name: p.value for p in props_elem} if props_elem is not None else {}
+            text = "\n".join((r.text or "") for r in case.result)
+            out.append({"name": case.name, "classname": case.classname, "properties": props,
+                        "text": text, "time": case.time})
+    return out

@@ -1,0 +1,109 @@
+"""Planning: cells -> batches of worlds. Pure; no processes, no torch.
+
+Cells are grouped by (platform, world size). Each group is ordered longest-first by
+the durations recorded in earlier runs (else by timeout), then cut into batches of
+``batch_size`` cells (default: one batch per group, i.e. one torchrun world).
+
+Example::
+
+    >>> from cpmatrix.spec import Cell, Mesh
+    >>> def c(i, mesh): return Cell(id=f"t{i}", target="t", case="m:f", kind="parity",
+    ...     level="unit", mesh=Mesh.parse(mesh), dtype="fp64", autocast=False,
+    ...     path="reference", params=(), platform="cpu", timeout_s=60, tags=())
+    >>> [len(b.cells) for b in plan_batches([c(1, "2x2"), c(2, "1x1"), c(3, "2x2")])]
+    [2, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .spec import Cell
+
+__all__ = ["Batch", "DevicePool", "plan_batches"]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Cells that share one torchrun world (same platform and world size)."""
+
+    name: str
+    platform: str
+    world_size: int
+    cells: tuple[Cell, ...]
+    #: Mutant per cell (parallel to ``cells``), empty string for a normal run.
+    mutants: tuple[str, ...] = ()
+
+    def estimated_s(self, durations: Mapping[str, float]) -> float:
+        return sum(durations.get(c.id, float(c.timeout_s) / 60.0) for c in self.cells)
+
+    def mutant_of(self, i: int) -> str:
+        return self.mutants[i] if self.mutants else ""
+
+
+def plan_batches(
+    cells: Iterable[Cell],
+    *,
+    durations: Mapping[str, float] | None = None,
+    batch_size: int | None = None,
+    mutants: Mapping[str, Sequence[str]] | None = None,
+    keep_order: bool = False,
+) -> list[Batch]:
+    """Group, order longest-first and cut into batches; biggest worlds come first.
+
+    ``mutants`` maps a cell id to the mutants to run it with: each becomes its own
+    entry in the batch (the cell run once per mutant, with that mutant switched on).
+    """
+    durations = durations or {}
+    groups: dict[tuple[str, int], list[tuple[Cell, str]]] = {}
+    for cell in cells:
+        entries = [(cell, m) for m in (mutants or {}).get(cell.id, ())] if mutants else [(cell, "")]
+        for entry in entries:
+            groups.setdefault((cell.platform, cell.world_size), []).append(entry)
+
+    def expected(entry: tuple[Cell, str]) -> float:
+        cell = entry[0]
+        known = durations.get(cell.id)
+        # Unknown cells sort by timeout: a long timeout usually means a long cell.
+        return known if known is not None else float(cell.timeout_s) / 60.0
+
+    batches: list[Batch] = []
+    # Larger worlds first: they are the slowest to start and the most likely to fail.
+    for (platform, world_size), entries in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+        if not keep_order:  # keep_order: matrix order, to bisect state leaking between cells
+            entries.sort(key=lambda e: (-expected(e), e[0].id, e[1]))
+        size = batch_size if batch_size and batch_size > 0 else len(entries)
+        for start in range(0, len(entries), size):
+            chunk = entries[start : start + size]
+            batches.append(
+                Batch(
+                    name=f"{platform}-w{world_size}-b{start // size}",
+                    platform=platform,
+                    world_size=world_size,
+                    cells=tuple(c for c, _ in chunk),
+                    mutants=tuple(m for _, m in chunk) if mutants else (),
+                )
+            )
+    return batches
+
+
+class DevicePool:
+    """Disjoint accelerator sets for concurrent worlds (cuda); cpu worlds need none.
+
+    >>> pool = DevicePool(8)
+    >>> pool.take(2), pool.take(2), pool.take(8)
+    ((0, 1), (2, 3), None)
+    """
+
+    def __init__(self, count: int) -> None:
+        self.free = list(range(count))
+
+    def take(self, n: int) -> tuple[int, ...] | None:
+        if n > len(self.free):
+            return None
+        taken, self.free = self.free[:n], self.free[n:]
+        return tuple(taken)
+
+    def give(self, devices: Sequence[int]) -> None:
+        self.free = sorted(set(self.free) | set(devices))

@@ -1,0 +1,261 @@
+"""The code that runs inside torchrun: one process group, many cells.
+
+Usage (the supervisor builds this command)::
+
+    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.worker WORLD.json
+
+Imports only the standard library, torch and :mod:`cpmatrix.cell`/:mod:`cpmatrix.fsutil`,
+so start-up stays cheap and a crash here is easy to read.
+
+Protocol with the supervisor (all files under the world folder, all written atomically):
+
+- ``rank<R>.pid``            this rank's pid (so the supervisor can signal it)
+- ``rank<R>.log``            this rank's stdout+stderr
+- ``progress/<i>.r<R>.start`` written *before* cell ``i`` runs: id, time, log offset
+- ``progress/<i>.r<R>.done``  written *before* any cross-rank step after the case:
+                              status, traceback, evidence, timings
+
+The world group is never used by cases: each cell gets a fresh DeviceMesh whose groups
+are destroyed in ``finally``, so a half-finished collective of one cell can never be
+matched by the next cell's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import importlib
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from .cell import CellContext, seed_for
+from .fsutil import atomic_write_json, read_json
+
+DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _redirect_output(log_path: Path) -> TextIO:
+    """Send this process's fd 1 and 2 (C-level output too) to its own log file."""
+    log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    return log
+
+
+def _log_offset() -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return os.lseek(2, 0, os.SEEK_END)
+
+
+def _reseed(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # numpy is optional for cases
+        pass
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _import_case(ref: str) -> Any:
+    module_name, _, attr = ref.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(f"case {ref!r}: module {module_name!r} has no {attr!r}") from None
+
+
+def _destroy_mesh(mesh: Any) -> None:
+    import torch.distributed as dist
+
+    for dim in ("cp0", "cp1"):
+        try:
+            group = mesh.get_group(dim)
+        except Exception:  # the mesh never finished building
+            continue
+        if group is not None and group is not dist.group.WORLD:
+            try:
+                dist.destroy_process_group(group)
+            except Exception as exc:  # never let cleanup mask the cell's own outcome
+                print(f"cpmatrix.worker: destroying {dim} group failed: {exc!r}", file=sys.stderr)
+
+
+def run_cell(
+    world: dict[str, Any], index: int, spec: dict[str, Any], rank: int
+) -> tuple[dict[str, Any], Any]:
+    """Run one cell on this rank; return its outcome and its mesh (never raises).
+
+    The mesh's groups are NOT destroyed here: a rank that is done must not tear down
+    a group a peer is still waiting in (that would turn a peer's hang into a
+    misleading "connection closed" error). The caller destroys them after the
+    cross-rank barrier.
+    """
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cell = spec["cell"]
+    rows, cols = (int(x) for x in cell["mesh"].split("x"))
+    out_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seed = seed_for(cell["id"])
+    env_before = dict(os.environ)
+    started = time.time()
+    outcome: dict[str, Any] = {"index": index, "id": cell["id"], "rank": rank, "status": "ok"}
+    ctx: CellContext | None = None
+    mesh = None
+    case_s = 0.0
+    try:
+        _reseed(seed)
+        device_type = world["device"]
+        if device_type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("cp0", "cp1"))
+        case = _import_case(cell["case"])
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(seed)
+        ctx = CellContext(
+            id=cell["id"],
+            rank=rank,
+            world_size=rows * cols,
+            mesh=mesh,
+            device=device,
+            backend=world["backend"],
+            dtype=getattr(torch, DTYPES[cell["dtype"]]),
+            dtype_name=cell["dtype"],
+            autocast=bool(cell["autocast"]),
+            path=cell["path"],
+            level=cell["level"],
+            params=dict(cell["params"]),
+            seed=seed,
+            generator=generator,
+            out_dir=out_dir,
+            platform=cell["platform"],
+            target=cell["target"],
+            mutant=spec.get("mutant"),
+        )
+        t0 = time.perf_counter()
+        try:
+            case(ctx)
+        finally:
+            case_s = time.perf_counter() - t0
+    except BaseException as exc:  # a case may raise anything; SystemExit too is a failure
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        outcome.update(
+            status="error",
+            exc_type=type(exc).__name__,
+            message=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            check=str(getattr(exc, "check", "") or ""),
+        )
+        # Print it too: the rank's log is the first place people look.
+        print(f"cpmatrix.worker: cell {cell['id']} failed on rank {rank}:\n"
+              f"{outcome['traceback']}", file=sys.stderr)
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        # Restore the environment a case may have changed.
+        for key in set(os.environ) - set(env_before):
+            del os.environ[key]
+        os.environ.update(env_before)
+    outcome["evidence"] = dict(ctx.evidence) if ctx is not None else {}
+    outcome["case_s"] = case_s
+    outcome["duration_s"] = time.time() - started
+    return outcome, mesh
+
+
+def _barrier(store: Any, index: int, rank: int, world_size: int, timeout_s: float) -> None:
+    """Wait until every rank wrote its outcome for cell ``index``.
+
+    Uses the rendezvous TCPStore, never a collective: a collective here could be
+    matched with one a peer is still blocked in inside the case.
+    """
+    import datetime as _dt
+
+    store.set(f"cpmatrix/{index}/r{rank}", "1")
+    store.wait([f"cpmatrix/{index}/r{r}" for r in range(world_size)],
+               _dt.timedelta(seconds=timeout_s))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m cpmatrix.worker WORLD.json", file=sys.stderr)
+        return 2
+    world = read_json(args[0])
+    world_dir = Path(world["dir"])
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    log = _redirect_output(world_dir / f"rank{rank}.log")
+    faulthandler.enable(file=log, all_threads=True)  # segfaults leave a stack in the log
+    progress = world_dir / "progress"
+    progress.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(world_dir / f"rank{rank}.pid", {"pid": os.getpid(), "rank": rank})
+    for p in reversed(world.get("pythonpath", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+    import torch
+    import torch.distributed as dist
+
+    if world["device"] == "cuda":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        backend=world["backend"],
+        timeout=datetime.timedelta(seconds=float(world["pg_timeout_s"])),
+    )
+    world_size = dist.get_world_size()
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=datetime.timedelta(seconds=float(world["pg_timeout_s"])),
+    )
+    stacks: TextIO | None = None
+    try:
+        for index, spec in enumerate(world["cells"]):
+            cell_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            # On timeout the supervisor sends SIGUSR1: every thread's Python stack lands
+            # in the cell's own folder, even while this rank is blocked inside C++ (gloo).
+            new_stacks = open(cell_dir / "stacks.txt", "w", encoding="utf-8")  # noqa: SIM115
+            faulthandler.register(signal.SIGUSR1, file=new_stacks, all_threads=True)
+            if stacks is not None:
+                stacks.close()
+            stacks = new_stacks
+            atomic_write_json(
+                progress / f"{index}.r{rank}.start",
+                {"id": spec["cell"]["id"], "time": time.time(), "log_offset": _log_offset()},
+            )
+            outcome, mesh = run_cell(world, index, spec, rank)
+            outcome["log_end"] = _log_offset()
+            outcome["end_time"] = time.time()
+            atomic_write_json(progress / f"{index}.r{rank}.done", outcome)
+            _barrier(store, index, rank, world_size, float(world["pg_timeout_s"]))
+            if mesh is not None:
+                _destroy_mesh(mesh)
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:
+            print(f"cpmatrix.worker: destroy_process_group failed: {exc!r}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

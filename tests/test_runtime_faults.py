@@ -1,0 +1,121 @@
+"""Faults in real torchrun worlds (gloo, 1x2): exactly the faulty cell fails, rightly.
+
+Each run puts the fault first, in the middle and last of a batch of 7 cells
+(`tests/resources/faults.yaml`, run with --keep-order). Every other cell must report
+its true result, the merged report must hold each planned cell exactly once, and the
+run must end within the timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+RES = Path(__file__).parent / "resources"
+FAULTY = (0, 3, 6)
+
+# fault -> (status, kind, failing ranks, text that must be in the failing rank's evidence)
+EXPECT = {
+    "raise_all": ("failed", "error", [0, 1], "planted failure on rank 1"),
+    "raise_rank1": ("failed", "error", [1], "planted failure on rank 1 only"),
+    "exit13": ("crash", "crash", [1], "exited with code 13"),
+    "sigkill": ("crash", "crash", [1], "SIGKILL"),
+    "hang_collective": ("timeout", "timeout", [0], "all_reduce"),
+    "spin": ("timeout", "timeout", [0, 1], "in faulty"),
+    "nan": ("failed", "error", [0, 1], "output has NaN"),
+}
+
+
+def run_cli(*args: str, timeout: float = 300) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpmatrix", *args], capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def check_report(out: Path, expected_ids: list[str]) -> dict[str, dict]:
+    """The merged report holds each planned cell exactly once; returns results by id."""
+    xml = JUnitXml.fromfile(str(out / "report.xml"))
+    names = [case.name for suite in xml for case in suite]
+    assert sorted(names) == sorted(expected_ids), "each planned cell exactly once"
+    results = json.loads((out / "results.json").read_text())
+    return {r["cell_id"]: r for r in results}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", sorted(EXPECT))
+def test_fault_is_attributed_to_exactly_its_cell(fault: str, tmp_path: Path) -> None:
+    status, kind, ranks, text = EXPECT[fault]
+    ids = [f"seq[unit,1x2,fp64,autocast=off,reference,fault={fault},pos={p}]@cpu"
+           for p in range(7)]
+    rc, output, wall = run_cli(
+        "run", "--matrix", str(RES / "faults.yaml"), "-k", f"fault={fault}", "--keep-order",
+        "--abort-grace", "2", "--out", str(tmp_path / "out"), "--plain",
+    )
+    assert rc == 1, output
+    by_id = check_report(tmp_path / "out", ids)
+    for pos, cid in enumerate(ids):
+        r = by_id[cid]
+        if pos not in FAULTY:
+            assert r["status"] == "passed", (cid, r)
+            assert r["evidence"]["max_abs_err"] == 0.0
+            continue
+        assert (r["status"], r["kind"]) == (status, kind), (cid, r)
+        assert r["failing_ranks"] == ranks, (cid, r)
+        blob = "\n".join(f["message"] + "\n" + f["traceback"] for f in r["failures"])
+        assert text in blob, (cid, blob[:2000])
+        if kind == "crash":
+            assert r["attempts"] == 2, "a crashed cell is retried once alone"
+        # The summary names the cell, its kind and rank.
+        assert f"{status.upper()} {cid}" in output
+    # 3 faulty cells x timeout 6 s + restarts: bounded well below the sum of timeouts x 2.
+    assert wall < 120, f"run took {wall:.0f} s"
+
+
+@pytest.mark.slow
+def test_unimportable_case_module_fails_only_its_cells(tmp_path: Path) -> None:
+    rc, output, _ = run_cli("run", "--matrix", str(RES / "faults_import.yaml"), "--keep-order",
+                            "--out", str(tmp_path / "out"), "--plain")
+    assert rc == 1, output
+    ids = [f"p{i}_{'broken' if i in FAULTY else 'good'}[unit,1x2,fp64,autocast=off,reference]@cpu"
+           for i in range(7)]
+    by_id = check_report(tmp_path / "out", ids)
+    for i, cid in enumerate(ids):
+        r = by_id[cid]
+        if i in FAULTY:
+            assert (r["status"], r["kind"], r["failing_ranks"]) == ("failed", "error", [0, 1])
+            assert "planted: this module cannot be imported" in r["failures"][0]["traceback"]
+        else:
+            assert r["status"] == "passed", r
+    # An import error is an ordinary failure: no world restart was needed.
+    assert len(list((tmp_path / "out" / "worlds").glob("*.a*"))) == 1
+
+
+@pytest.mark.slow
+def test_launcher_without_torch_fails_cells_with_the_error(tmp_path: Path) -> None:
+    """An OS-level problem (here: the interpreter has no torch, so no torchrun) fails
+    the affected cells with the launcher's error; the run does not die silently."""
+    python = "/usr/bin/python3"
+    check = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
+    if check.returncode == 0:
+        pytest.skip("this machine's system python has torch; the test needs one without")
+    rc, output, _ = run_cli("run", "--matrix", str(RES / "faults.yaml"), "-k",
+                            "fault=none and (pos=0 or pos=1)", "--python", python,
+                            "--out", str(tmp_path / "out"), "--plain")
+    assert rc == 1, output
+    ids = [f"seq[unit,1x2,fp64,autocast=off,reference,fault=none,pos={p}]@cpu" for p in (0, 1)]
+    by_id = check_report(tmp_path / "out", ids)
+    for cid in ids:
+        r = by_id[cid]
+        assert r["status"] == "crash"
+        assert "could not start a world" in r["message"]
+        assert "No module named" in r["stderr_tails"]["-1"]
+    assert "could not start a world" in output
