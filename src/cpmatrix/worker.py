@@ -80,6 +80,35 @@ def _import_case(ref: str) -> Any:
         raise AttributeError(f"case {ref!r}: module {module_name!r} has no {attr!r}") from None
 
 
+def _clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding and redistribution caches.
+
+    DeviceMeshes of the same shape compare equal, so without this a cell's fresh mesh
+    would hit cache entries holding the previous cell's (destroyed) groups:
+    "Could not resolve the process group registered under the name 1". The caches
+    are private, so each is cleared best-effort; a missing one is skipped.
+    """
+    import torch
+
+    def attempt(fn: Any) -> None:
+        try:
+            fn()
+        except Exception:  # noqa: S110 - an absent private cache is fine
+            pass
+
+    attempt(lambda: torch._C._clear_DTensor_sharding_propagator_cache())
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import _redistribute as redistribute
+    except ImportError:
+        return
+    prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    attempt(lambda: prop.propagate_op_sharding.cache_clear())
+    attempt(lambda: prop._propagate_tensor_meta_cached.cache_clear())
+    attempt(lambda: redistribute._gen_transform_infos.cache_clear())
+    attempt(lambda: redistribute.clear_redistribute_planner_cache())
+
+
 def _destroy_mesh(mesh: Any) -> None:
     import torch.distributed as dist
 
@@ -249,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             _barrier(store, index, rank, world_size, float(world["pg_timeout_s"]))
             if mesh is not None:
                 _destroy_mesh(mesh)
+            _clear_dtensor_caches()
     finally:
         try:
             dist.destroy_process_group()
