@@ -14,3 +14,20 @@ def allreduce(cell):
     dist.all_reduce(y, group=cell.mesh.get_group("cp1"))
     torch.testing.assert_close(y, x * cell.mesh.size(1))
     cell.record("max_abs_err", float((y - x * cell.mesh.size(1)).abs().max()))
+
+
+def evidence(cell):
+    """Records what the worker set up, so tests can check the case contract."""
+    import os
+
+    cell.record("rank_seed", cell.seed)
+    cell.record("world_size", cell.world_size)
+    cell.record("mesh_shape", "x".join(str(s) for s in cell.mesh.shape))
+    cell.record("dim_names", ",".join(cell.mesh.mesh_dim_names))
+    cell.record("draw", float(torch.randn(1, generator=cell.generator)))
+    cell.record("tz", os.environ.get("TZ", ""))
+    cell.record("secret_visible", "CPMATRIX_TEST_SECRET" in os.environ)
+    cell.record("home_private", os.environ["HOME"].startswith(str(cell.out_dir).split("/cells/")[0]))
+    cell.record("rank", cell.rank)  # differs per rank: reported as rank@rankN
+    os.environ["LEAK_FROM_CASE"] = "1"  # the worker must restore the environment
+    (cell.out_dir / "note.txt").write_text("written by the case")

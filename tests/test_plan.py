@@ -1,0 +1,60 @@
+"""The planner is pure: grouping, longest-first ordering, batch cuts, device pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpmatrix.plan import DevicePool, plan_batches
+from cpmatrix.spec import Cell, Mesh
+
+
+def cell(name: str, mesh: str, timeout: int = 60, platform: str = "cpu") -> Cell:
+    return Cell(id=f"{name}[unit,{mesh},fp64,autocast=off,reference]@{platform}", target=name,
+                case="m:f", kind="parity", level="unit", mesh=Mesh.parse(mesh), dtype="fp64",
+                autocast=False, path="reference", params=(), platform=platform,
+                timeout_s=timeout, tags=())
+
+
+def test_groups_by_platform_and_world_size_biggest_worlds_first() -> None:
+    cells = [cell("a", "1x1"), cell("b", "2x2"), cell("c", "1x4"), cell("d", "3x3"),
+             cell("e", "2x2", platform="cuda")]
+    batches = plan_batches(cells)
+    assert [(b.platform, b.world_size, [c.target for c in b.cells]) for b in batches] == [
+        ("cpu", 9, ["d"]), ("cpu", 4, ["b", "c"]), ("cuda", 4, ["e"]), ("cpu", 1, ["a"])]
+
+
+@pytest.mark.parametrize(
+    ("durations", "expected"),
+    [
+        ({}, ["slow", "mid", "fast"]),  # by timeout when nothing was recorded
+        ({"fast": 9.0, "mid": 0.1, "slow": 0.2}, ["fast", "slow", "mid"]),  # recorded wins
+    ],
+)
+def test_longest_first(durations: dict[str, float], expected: list[str]) -> None:
+    cells = [cell("fast", "2x2", 60), cell("slow", "2x2", 900), cell("mid", "2x2", 300)]
+    ids = {c.target: c.id for c in cells}
+    batches = plan_batches(cells, durations={ids[k]: v for k, v in durations.items()})
+    assert [c.target for c in batches[0].cells] == expected
+
+
+def test_keep_order_and_batch_size() -> None:
+    cells = [cell(f"t{i}", "1x2", timeout=60 + i) for i in range(5)]
+    batches = plan_batches(cells, batch_size=2, keep_order=True)
+    assert [[c.target for c in b.cells] for b in batches] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert len({b.name for b in batches}) == 3
+
+
+def test_mutants_become_entries() -> None:
+    c = cell("a", "1x2")
+    (batch,) = plan_batches([c], mutants={c.id: ["", "no_allreduce"]})
+    assert [batch.mutant_of(i) for i in range(len(batch.cells))] == ["", "no_allreduce"]
+
+
+def test_device_pool_gives_disjoint_sets() -> None:
+    pool = DevicePool(8)
+    sets = [pool.take(2) for _ in range(4)]
+    assert pool.take(2) is None
+    flat = [d for s in sets if s for d in s]
+    assert sorted(flat) == list(range(8))
+    pool.give(sets[1] or ())
+    assert pool.take(2) == sets[1]
