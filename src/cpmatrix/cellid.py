@@ -19,11 +19,13 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from .spec import Scalar
+from .spec import DTYPES, LEVELS, NAME_RE, PATHS, VALUE_RE, Mesh, Scalar
 
 __all__ = ["CellKey", "format_cell_id", "parse_cell_id", "render_value"]
 
-_ID_RE: Final = re.compile(r"^(?P<target>[A-Za-z_]\w*)\[(?P<body>[^\[\]@]*)\]@(?P<platform>[A-Za-z_]\w*)$")
+_ID_RE: Final = re.compile(
+    r"^(?P<target>[A-Za-z_][A-Za-z0-9_]*)\[(?P<body>[^\[\]@]*)\]@(?P<platform>[A-Za-z_][A-Za-z0-9_]*)\Z"
+)
 
 
 def render_value(value: Scalar) -> str:
@@ -74,10 +76,23 @@ def parse_cell_id(cell_id: str) -> CellKey:
     level, mesh, dtype, autocast, path = parts[:5]
     if autocast not in ("autocast=on", "autocast=off"):
         raise ValueError(f"malformed cell id {cell_id!r}: autocast must be on or off")
+    for axis, value, allowed in (("level", level, LEVELS), ("dtype", dtype, DTYPES),
+                                 ("path", path, PATHS)):
+        if value not in allowed:
+            raise ValueError(
+                f"malformed cell id {cell_id!r}: unknown {axis} {value!r} "
+                f"(allowed: {', '.join(allowed)})"
+            )
+    try:
+        Mesh.parse(mesh)
+    except ValueError:
+        raise ValueError(
+            f"malformed cell id {cell_id!r}: mesh {mesh!r} is not RxC (e.g. 2x2)"
+        ) from None
     params = []
     for part in parts[5:]:
         key, sep, value = part.partition("=")
-        if not sep or not key:
+        if not sep or not NAME_RE.match(key) or not VALUE_RE.match(value):
             raise ValueError(f"malformed cell id {cell_id!r}: parameter {part!r} is not k=v")
         params.append((key, value))
     return CellKey(

@@ -82,11 +82,13 @@ def select_from_args(args: argparse.Namespace) -> tuple[Matrix, Expansion, list[
     return matrix, expansion, cells
 
 
-def nothing_selected(args: argparse.Namespace, total: int, excluded: int = 0) -> str:
+def nothing_selected(args: argparse.Namespace, total: int, excluded: int | None = None) -> str:
     if total == 0:
+        how_many = "every combination was" if excluded is None else (
+            f"all {excluded} combinations were")
         return (
-            f"nothing selected: {args.matrix} yields no cell: all {excluded} combinations "
-            "were excluded (see `cpmatrix list --why-excluded`)"
+            f"nothing selected: {args.matrix} yields no cell: {how_many} excluded "
+            "(see `cpmatrix list --why-excluded`)"
         )
     parts = []
     if args.platform:

@@ -13,14 +13,17 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .console import Progress, format_summary
 from .errors import ExitCode, UsageError
 from .plan import plan_batches
-from .runners.base import get_runner, runner_names
+from .cache import ActionKeys, ResultCache, default_cache_dir
+from .result import Result
+from .runners.base import ENV_ALLOW, get_runner, runner_names
 from .session import load_durations, run_cells
-from .spec import Cell, Matrix
+from .spec import Cell, Matrix, Platform
 from .supervise import WorldOptions
 
 __all__ = ["add_run_parser", "cmd_run", "discover_mutants", "visible_cuda_devices"]
@@ -49,6 +52,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    help="run cells in matrix order instead of longest-first")
     p.add_argument("--python", default=sys.executable, metavar="PATH",
                    help="interpreter that launches the worlds (default: this one)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="run every cell; do not reuse or store cached passes")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="result cache folder (default: $XDG_CACHE_HOME/cpmatrix)")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a TTY")
 
 
@@ -99,6 +106,38 @@ def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
         # The unmutated run comes first: a mutant is only "killed" against a green cell.
         per_cell[c.id] = ["", *names]
     return per_cell
+
+
+def _cache_for(
+    args: argparse.Namespace, matrix: Matrix, cells: list[Cell], options: WorldOptions,
+    platforms: dict[str, Platform], mutants: bool,
+) -> tuple[dict[str, Result], Callable[[Cell, Result], None] | None]:
+    """Cached passes for ``cells`` and a function that stores new passes."""
+    if args.no_cache:
+        return {}, None
+    cache = ResultCache(Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir())
+    keys = ActionKeys(search_path=options.pythonpath)
+    identity = options.runner.identity()
+    allow = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    digests = {
+        c.id: keys.digest(c, runner_identity=identity,
+                          env={**allow, **dict(platforms[c.platform].env)})
+        for c in cells
+    }
+    hits: dict[str, Result] = {}
+    if not mutants:
+        for c in cells:
+            hit = cache.get(digests[c.id], c.id)
+            if hit is not None:
+                hits[c.id] = hit
+
+    def store(cell: Cell, result: Result) -> None:
+        try:
+            cache.put(digests[cell.id], result)
+        except OSError as exc:  # a full or read-only cache must not fail the run
+            print(f"warning: could not store {cell.id} in the cache: {exc}", file=sys.stderr)
+
+    return hits, store
 
 
 def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
@@ -155,11 +194,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         abort_grace_s=args.abort_grace,
         python=args.python,
     )
+    cached, store = _cache_for(args, matrix, cells, options, platforms, mutants is not None)
     progress = Progress(force_plain=args.plain)
     try:
         report = run_cells(
             cells, platforms, options, batch_size=args.batch_size, jobs=args.jobs,
-            devices=gpus, mutants=mutants, keep_order=args.keep_order, on_start=progress.start, on_result=progress.update,
+            devices=gpus, mutants=mutants, keep_order=args.keep_order, cached=cached, store=store,
+            on_start=progress.start, on_result=progress.update,
         )
     finally:
         progress.stop()

@@ -4,6 +4,8 @@ Example::
 
     >>> str(SpecError("m.yaml", 3, 5, "targets[0].level", "unknown level 'x'", "unit, layer"))
     "m.yaml:3:5: targets[0].level: unknown level 'x' (allowed: unit, layer)"
+    >>> str(SpecError("m.yaml", 0, 0, "", "no such matrix file"))
+    'm.yaml: no such matrix file'
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ class UsageError(Exception):
 
 
 class SpecError(Exception):
-    """A malformed matrix (exit 2): names file, line, column, YAML path and the fix."""
+    """A malformed matrix (exit 2): names file, line, column, YAML path and the fix.
+
+    ``line`` 0 means the problem is with the file as a whole (e.g. it does not
+    exist); the message then names only the file.
+    """
 
     def __init__(
         self,
@@ -47,7 +53,7 @@ class SpecError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.column}"
+        where = f"{self.file}:{self.line}:{self.column}" if self.line > 0 else self.file
         path = f" {self.yaml_path}:" if self.yaml_path else ""
         allowed = f" (allowed: {self.allowed})" if self.allowed else ""
         return f"{where}:{path} {self.message}{allowed}"

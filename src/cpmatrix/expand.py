@@ -6,11 +6,15 @@ Semantics (documented in the README):
    product of its mesh, dtype, autocast and path values and its extra axes.
 2. ``exclude``: every combination matching a clause (all its keys match) is removed.
 3. ``include``: each clause adds combinations after the excludes, so an include can
-   bring an excluded cell back. Keys the clause leaves out take every value the
-   target has; a clause without ``target`` applies to every target that declares
-   all the extra axes it names. Duplicates are merged.
+   bring an excluded cell back (it keeps its place in the product order; new
+   combinations follow the product, in clause order). Keys the clause leaves out
+   take every value the target has; a clause without ``target`` applies to every
+   target that declares all the extra axes it names. Duplicates are merged. An
+   include that applies to no target is an error.
 4. Constraints, applied last, even to included cells:
    ``autocast=on`` only with bf16/fp16, and ``path=kernel`` never with fp64.
+
+Every combination left out is reported with its reason (``Expansion.excluded``).
 
 Example::
 
@@ -27,14 +31,14 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .cellid import format_cell_id, render_value
-from .digest import ModuleSources, cell_digest
+from .digest import ModuleSources, canonical_json, cell_digest_from_parts
 from .errors import SpecError
 from .spec import REDUCED_PRECISION, Cell, Clause, Matrix, Mesh, Scalar, Target
 
@@ -78,166 +82,211 @@ class Expansion:
     excluded: tuple[Excluded, ...]
 
 
-def _matches(clause: Clause, cell: Cell) -> bool:
-    for key, values in clause.conditions:
-        actual = cell.axis_value(key)
-        if actual is None:
-            return False
-        if render_value(actual) not in {render_value(v) for v in values}:
-            return False
-    return True
+#: The fixed slots of a combination; a target's extra axes follow, in declaration order.
+_FIXED_SLOTS: Final = ("platform", "mesh", "dtype", "autocast", "path")
+_STANDARD_AXES: Final = ("mesh", "dtype", "autocast", "path")
+
+#: A combination as the text of each slot (what ids and clauses compare).
+_Combo = tuple[str, ...]
+#: A clause compiled against one target: (slot index, accepted texts) per condition.
+_Compiled = tuple[tuple[int, frozenset[str]], ...]
+
+
+def _matches(compiled: _Compiled, combo: _Combo) -> bool:
+    """Whether every condition of a compiled clause accepts the combination."""
+    return all(combo[slot] in accepted for slot, accepted in compiled)
 
 
 def _target_platforms(matrix: Matrix, target: Target) -> tuple[str, ...]:
     return target.platforms or tuple(p.name for p in matrix.platforms)
 
 
-class _Builder:
-    def __init__(self, matrix: Matrix, source_of: Callable[[str], bytes]) -> None:
-        self.matrix = matrix
-        self.source_of = source_of
-        self._platform_dicts = {p.name: p.to_dict() for p in matrix.platforms}
-        self._sources: dict[str, bytes] = {}
-
-    def source(self, target: Target) -> bytes:
-        module = target.case.split(":", 1)[0]
-        if module not in self._sources:
-            try:
-                self._sources[module] = self.source_of(module)
-            except LookupError as exc:
-                file, _, line = target.where.rpartition(":")
-                raise SpecError(
-                    file, int(line or 0), 1, f"targets[{self.index(target)}].case",
-                    f"case module of {target.case!r} not found: {exc}",
-                    "a module on the matrix's pythonpath or sys.path",
-                ) from None
-        return self._sources[module]
-
-    def index(self, target: Target) -> int:
-        return self.matrix.targets.index(target)
-
-    def cell(
-        self,
-        target: Target,
-        platform: str,
-        mesh: str,
-        dtype: str,
-        autocast: str,
-        path: str,
-        params: tuple[tuple[str, Scalar], ...],
-    ) -> Cell:
-        ac = autocast == "on"
-        cid = format_cell_id(target.name, target.level, mesh, dtype, ac, path, params, platform)
-        cell = Cell(
-            id=cid,
-            target=target.name,
-            case=target.case,
-            kind=target.kind,
-            level=target.level,
-            mesh=Mesh.parse(mesh),
-            dtype=dtype,
-            autocast=ac,
-            path=path,
-            params=params,
-            platform=platform,
-            timeout_s=target.timeout_s,
-            tags=target.tags,
-        )
-        spec = cell.to_dict()
-        del spec["digest"]
-        digest = cell_digest(spec, self.source(target), self._platform_dicts[platform])
-        return dataclasses.replace(cell, digest=digest)
-
-    def combos(
-        self, target: Target, clause: Clause | None = None
-    ) -> Iterable[tuple[str, str, str, str, str, tuple[tuple[str, Scalar], ...]]]:
-        def pick(key: str, own: tuple[Scalar, ...]) -> tuple[Scalar, ...]:
-            if clause is None:
-                return own
-            given = clause.get(key)
-            return own if given is None else given
-
-        platforms = pick("platform", _target_platforms(self.matrix, target))
-        axes = [pick(key, target.axis(key)) for key in ("mesh", "dtype", "autocast", "path")]
-        params = [pick(name, values) for name, values in target.params]
-        names = target.param_names
-        for platform in platforms:
-            for mesh, dtype, autocast, path, *pvals in itertools.product(*axes, *params):
-                yield (
-                    str(platform), str(mesh), str(dtype), str(autocast), str(path),
-                    tuple(zip(names, pvals, strict=True)),
-                )
+def _located(where: str, yaml_path: str, message: str, allowed: str = "") -> SpecError:
+    file, _, line = where.rpartition(":")
+    return SpecError(file, int(line) if line.isdigit() else 0, 1, yaml_path, message, allowed)
 
 
-def _applies(clause: Clause, target: Target, matrix: Matrix) -> bool:
-    names = clause.get("target")
-    if names is not None:
-        if target.name not in names:
-            return False
-    else:
-        declared = set(target.param_names)
-        for key, _ in clause.conditions:
-            if key not in ("target", "platform", "level", "mesh", "dtype", "autocast", "path") \
-                    and key not in declared:
-                return False
-    levels = clause.get("level")
-    if levels is not None and target.level not in levels:
-        return False
-    platforms = clause.get("platform")
-    own = _target_platforms(matrix, target)
-    return platforms is None or any(p in own for p in platforms)
+class _Target:
+    """One target's slots: their own values as text, and text -> typed value."""
+
+    def __init__(self, matrix: Matrix, target: Target) -> None:
+        self.target = target
+        self.platforms = tuple(dict.fromkeys(_target_platforms(matrix, target)))
+        self.slots = _FIXED_SLOTS + target.param_names
+        self.index = {name: i for i, name in enumerate(self.slots)}
+        own: list[tuple[Scalar, ...]] = [self.platforms]
+        own += [target.axis(key) for key in _STANDARD_AXES]
+        own += [values for _, values in target.params]
+        self.own: list[tuple[str, ...]] = [tuple(render_value(v) for v in vs) for vs in own]
+        self.typed: list[dict[str, Scalar]] = [
+            {render_value(v): v for v in vs} for vs in own
+        ]
+
+    def compile(self, clause: Clause) -> _Compiled | None:
+        """The clause's conditions by slot, or None when it cannot touch this target.
+
+        It cannot when it names another target or level, an extra axis this target
+        does not declare, or only platforms this target does not run on.
+        """
+        out: list[tuple[int, frozenset[str]]] = []
+        for key, values in clause.conditions:
+            accepted = frozenset(render_value(v) for v in values)
+            if key == "target":
+                if self.target.name not in accepted:
+                    return None
+            elif key == "level":
+                if self.target.level not in accepted:
+                    return None
+            elif key in self.index:
+                if key == "platform" and accepted.isdisjoint(self.platforms):
+                    return None
+                out.append((self.index[key], accepted))
+            else:
+                return None
+        return tuple(out)
+
+    def include_axes(self, clause: Clause) -> list[tuple[str, ...]]:
+        """Per slot, the clause's values (as text) or, where it is silent, the target's."""
+        axes = list(self.own)
+        for key, values in clause.conditions:
+            slot = self.index.get(key)
+            if slot is None:
+                continue
+            texts: list[str] = []
+            for value in values:
+                text = render_value(value)
+                if key == "platform" and text not in self.platforms:
+                    continue
+                known = self.typed[slot].setdefault(text, value)
+                if type(known) is not type(value) or known != value:
+                    raise _located(
+                        clause.where, f"{clause.label}.{key}",
+                        f"two cells with the same id: {key}={value!r} and {key}={known!r} "
+                        f"of target {self.target.name!r} both render as {text!r}",
+                        "values that differ as text",
+                    )
+                if text not in texts:
+                    texts.append(text)
+            axes[slot] = tuple(texts)
+        return axes
+
+
+class _Bucketed:
+    """Clauses indexed by the target they name, so matching stays linear in cells."""
+
+    def __init__(self, clauses: Iterable[Clause]) -> None:
+        self.by_target: dict[str, list[tuple[int, Clause]]] = {}
+        self.anywhere: list[tuple[int, Clause]] = []
+        for order, clause in enumerate(clauses):
+            names = clause.get("target")
+            if names is None:
+                self.anywhere.append((order, clause))
+            else:
+                for name in dict.fromkeys(render_value(n) for n in names):
+                    self.by_target.setdefault(name, []).append((order, clause))
+
+    def for_target(self, name: str) -> list[Clause]:
+        """The clauses that may apply to target ``name``, in file order."""
+        hits = self.by_target.get(name, []) + self.anywhere
+        return [clause for _, clause in sorted(hits, key=lambda oc: oc[0])]
 
 
 def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None) -> Expansion:
     """Expand ``matrix`` into its ordered cells and the combinations it left out.
 
+    Cells come target by target (file order); within a target, platform then the
+    product of mesh, dtype, autocast, path and the extra axes (each in its declared
+    order), and after those the combinations only an include adds. Linear in the
+    number of combinations: clauses are compiled once per target they can touch.
+
     ``source_of(module) -> bytes`` reads a case module's source for the digest; by
     default modules are looked up on the matrix's ``pythonpath`` then ``sys.path``.
-    Raises :class:`SpecError` when a case module is missing or two cells share an id.
+    Raises :class:`SpecError` when a case module is missing, an include applies to
+    no target, or two cells share an id.
     """
     if source_of is None:
         source_of = ModuleSources(matrix.pythonpath).read
-    b = _Builder(matrix, source_of)
-    per_target: list[dict[str, Cell]] = []
-    excluded: dict[str, Excluded] = {}
+    platform_json = {p.name: canonical_json(p.to_dict()) for p in matrix.platforms}
+    source_hashes: dict[str, bytes] = {}
+    meshes: dict[str, Mesh] = {}
+    excludes = _Bucketed(matrix.exclude)
+    includes = _Bucketed(matrix.include)
+    used_includes: set[int] = set()
+    cells: list[Cell] = []
+    excluded: list[Excluded] = []
 
-    for target in matrix.targets:
-        cells: dict[str, Cell] = {}
-        for combo in b.combos(target):
-            cell = b.cell(target, *combo)
-            hit = next((c for c in matrix.exclude if _matches(c, cell)), None)
-            if hit is not None:
-                excluded[cell.id] = Excluded(cell.id, f"{hit.label} ({hit.where})")
-            else:
-                cells[cell.id] = cell
-        per_target.append(cells)
+    for ti, target in enumerate(matrix.targets):
+        module = target.case.split(":", 1)[0]
+        if module not in source_hashes:
+            try:
+                source_hashes[module] = hashlib.sha256(source_of(module)).digest()
+            except LookupError as exc:
+                line, column = target.case_at
+                file = target.where.rpartition(":")[0] or matrix.path
+                raise SpecError(
+                    file, line, column, f"targets[{ti}].case",
+                    f"case module of {target.case!r} not found: {exc}",
+                    "a module on the matrix's pythonpath or sys.path",
+                ) from None
+        source_hash = source_hashes[module]
+        t = _Target(matrix, target)
+
+        # Combination -> why it is excluded (None: it is a cell). Insertion order is
+        # the output order; an include re-marks an excluded combination in place.
+        chosen: dict[_Combo, str | None] = {}
+        compiled = [
+            (c, k) for c in excludes.for_target(target.name)
+            if (k := t.compile(c)) is not None
+        ]
+        for combo in itertools.product(*t.own):
+            hit = next((c for c, k in compiled if _matches(k, combo)), None)
+            chosen[combo] = None if hit is None else f"{hit.label} ({hit.where})"
+        for clause in includes.for_target(target.name):
+            if t.compile(clause) is None:
+                continue
+            used_includes.add(id(clause))
+            for combo in itertools.product(*t.include_axes(clause)):
+                chosen[combo] = None
+
+        for combo, reason in chosen.items():
+            platform, mesh, dtype, autocast, path = combo[:5]
+            params = tuple(
+                (name, t.typed[5 + i][text])
+                for i, (name, text) in enumerate(zip(target.param_names, combo[5:], strict=True))
+            )
+            ac = autocast == "on"
+            cid = format_cell_id(target.name, target.level, mesh, dtype, ac, path, params,
+                                 platform)
+            if reason is not None:
+                excluded.append(Excluded(cid, reason))
+                continue
+            if mesh not in meshes:
+                meshes[mesh] = Mesh.parse(mesh)
+            # One dict for the probe and the final cell: building a Cell twice is
+            # cheaper than dataclasses.replace, and rejected cells never get a digest.
+            fields: dict[str, Any] = {
+                "id": cid, "target": target.name, "case": target.case, "kind": target.kind,
+                "level": target.level, "mesh": meshes[mesh], "dtype": dtype, "autocast": ac,
+                "path": path, "params": params, "platform": platform,
+                "timeout_s": target.timeout_s, "tags": target.tags,
+            }
+            probe = Cell(**fields)
+            broken = next((k for k in CONSTRAINTS if k.reject(probe)), None)
+            if broken is not None:
+                excluded.append(Excluded(cid, f"constraint {broken.name}: {broken.reason}"))
+                continue
+            spec = probe.to_dict()
+            del spec["digest"]
+            digest = cell_digest_from_parts(
+                canonical_json(spec), source_hash, platform_json[platform]
+            )
+            cells.append(Cell(**fields, digest=digest))
 
     for clause in matrix.include:
-        for ti, target in enumerate(matrix.targets):
-            if not _applies(clause, target, matrix):
-                continue
-            for combo in b.combos(target, clause):
-                if combo[0] not in _target_platforms(matrix, target):
-                    continue
-                cell = b.cell(target, *combo)
-                existing = per_target[ti].get(cell.id)
-                if existing is not None and existing.params != cell.params:
-                    file, _, line = clause.where.rpartition(":")
-                    raise SpecError(
-                        file, int(line or 0), 1, clause.label,
-                        f"two cells with the same id {cell.id!r}: parameter values "
-                        f"{dict(existing.params)} and {dict(cell.params)} render alike",
-                        "values that differ as text",
-                    )
-                per_target[ti][cell.id] = cell
-                excluded.pop(cell.id, None)
-
-    out: list[Cell] = []
-    for cells in per_target:
-        for cell in cells.values():
-            broken = next((k for k in CONSTRAINTS if k.reject(cell)), None)
-            if broken is not None:
-                excluded[cell.id] = Excluded(cell.id, f"constraint {broken.name}: {broken.reason}")
-            else:
-                out.append(cell)
-    return Expansion(cells=tuple(out), excluded=tuple(excluded.values()))
+        if id(clause) not in used_includes:
+            raise _located(
+                clause.where, clause.label,
+                f"{clause.label} applies to no target: no target has the target, level, "
+                "platform and extra axes it names",
+            )
+    return Expansion(cells=tuple(cells), excluded=tuple(excluded))

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -75,8 +76,8 @@ _BUILTIN_DEFAULTS: Final[dict[str, tuple[str, ...]]] = {
 }
 _BACKENDS: Final = ("gloo", "nccl")
 _DEVICES: Final = ("cpu", "cuda")
-_CASE_RE: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
-_ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CASE_RE: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
+_ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class _Ctx:
@@ -95,7 +96,13 @@ class _Ctx:
     def scalar(self, node: yaml.Node, path: str) -> Scalar:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(node, path, f"expected a scalar, got a {_kind(node)}")
-        value = self.loader.construct_object(node, deep=True)
+        try:
+            value = self.loader.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, TypeError) as exc:
+            # An explicit tag the safe loader refuses (!!python/...) or cannot apply
+            # (!!int abc) fails here, long after composing succeeded.
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise self.error(node, path, f"cannot read {node.value!r}: {problem}") from None
         if value is None or not isinstance(value, str | int | float | bool):
             raise self.error(
                 node, path, f"expected a string, number or boolean, got {value!r}"
@@ -169,19 +176,23 @@ def _axis_value(ctx: _Ctx, axis: str, value: Scalar, node: yaml.Node, path: str)
         if text not in AUTOCAST:
             raise ctx.error(node, path, f"unknown autocast value {value!r}", ", ".join(AUTOCAST))
         return text
-    if not isinstance(value, str):
-        raise ctx.error(node, path, f"expected a string for {axis}, got {value!r}")
     if axis == "mesh":
+        # YAML 1.1 reads some typos as numbers (0x2 is hex 2): report the text as written.
+        text = value if isinstance(value, str) else str(getattr(node, "value", value))
         try:
+            if not isinstance(value, str):
+                raise ValueError(text)
             Mesh.parse(value)
         except ValueError:
             raise ctx.error(
                 node,
                 path,
-                f"malformed mesh {value!r}: expected 'RxC' with positive integers",
+                f"malformed mesh {text!r}: expected 'RxC' with positive integers",
                 "e.g. 1x1, 1x2, 2x2, 2x3, 3x3",
             ) from None
         return value
+    if not isinstance(value, str):
+        raise ctx.error(node, path, f"expected a string for {axis}, got {value!r}")
     vocab = {"level": LEVELS, "dtype": DTYPES, "path": PATHS}[axis]
     if value not in vocab:
         raise ctx.error(node, path, f"unknown {axis} {value!r}", ", ".join(vocab))
@@ -212,7 +223,8 @@ def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
     backend = ctx.string(fields["backend"], f"{path}.backend")
     if backend not in _BACKENDS:
         raise ctx.error(
-            fields["backend"], f"{path}.backend", f"unknown backend {backend!r}", ", ".join(_BACKENDS)
+            fields["backend"], f"{path}.backend", f"unknown backend {backend!r}",
+            ", ".join(_BACKENDS),
         )
     device = ctx.string(fields["device"], f"{path}.device")
     if device not in _DEVICES:
@@ -242,7 +254,12 @@ def _timeout(ctx: _Ctx, node: yaml.Node, path: str) -> int:
     value = ctx.scalar(node, path)
     if isinstance(value, str) and value in TIMEOUT_CLASSES:
         return timeout_seconds(value)
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value > 0
+        and (isinstance(value, int) or math.isfinite(value))
+    ):
         return timeout_seconds(value)
     allowed = ", ".join(f"{k} ({v} s)" for k, v in TIMEOUT_CLASSES.items())
     raise ctx.error(
@@ -302,11 +319,14 @@ def _target(
         for value, item, ipath in ctx.scalar_list(fields["platforms"][1], f"{path}.platforms"):
             if value not in platforms:
                 raise ctx.error(item, ipath, f"unknown platform {value!r}", ", ".join(platforms))
+            if value in target_platforms:
+                raise ctx.error(item, ipath, f"duplicate platform {value!r}")
             target_platforms.append(str(value))
     axes = dict(defaults)
     if "axes" in fields:
         apath = f"{path}.axes"
-        for key, _, value_node in ctx.mapping(fields["axes"][1], apath, ALLOWED_KEYS["target.axes"]):
+        allowed_axes = ALLOWED_KEYS["target.axes"]
+        for key, _, value_node in ctx.mapping(fields["axes"][1], apath, allowed_axes):
             axes[key] = _axis_list(ctx, key, value_node, f"{apath}.{key}")
     params: list[tuple[str, tuple[Scalar, ...]]] = []
     if "params" in fields:
@@ -347,7 +367,13 @@ def _target(
         params=tuple(params),
         description=description,
         where=_where(ctx, node),
+        case_at=(case_node.start_mark.line + 1, case_node.start_mark.column + 1),
     )
+
+
+def _same_scalar(a: Scalar, b: Scalar) -> bool:
+    """Equal values of the same type (``7`` and ``"7"`` render alike but differ)."""
+    return type(a) is type(b) and a == b
 
 
 def _clause(
@@ -359,37 +385,79 @@ def _clause(
     platforms: tuple[str, ...],
     is_include: bool,
 ) -> Clause:
-    known_params: dict[str, set[str]] = {}
-    for t in targets:
-        for key, values in t.params:
-            known_params.setdefault(key, set()).update(_render(v) for v in values)
-    allowed = ALLOWED_KEYS["clause"] + tuple(sorted(known_params))
+    entries = list(ctx.mapping(node, path, None))
+    # Which targets the clause can touch decides which extra axes it may name, so
+    # read ``target`` first wherever it stands in the mapping.
+    scope = targets
+    names = [t.name for t in targets]
+    for key, _, value_node in entries:
+        if key == "target":
+            named = set()
+            for value, item, ipath in ctx.scalar_list(value_node, f"{path}.target"):
+                if value not in names:
+                    raise ctx.error(item, ipath, f"unknown target {value!r}", ", ".join(names))
+                named.add(value)
+            scope = tuple(t for t in targets if t.name in named)
+    declared: dict[str, list[Scalar]] = {}
+    for t in scope:
+        for pname, pvalues in t.params:
+            declared.setdefault(pname, []).extend(pvalues)
+    all_params = {pname for t in targets for pname in t.param_names}
+    allowed = ALLOWED_KEYS["clause"] + tuple(sorted(declared))
+
     conditions: list[tuple[str, tuple[Scalar, ...]]] = []
-    for key, _, value_node in ctx.mapping(node, path, allowed):
+    for key, key_node, value_node in entries:
         kpath = f"{path}.{key}"
+        if key not in allowed:
+            if key in all_params:
+                owners = ", ".join(t.name for t in targets if key in t.param_names)
+                raise ctx.error(
+                    key_node, kpath,
+                    f"extra axis {key!r} is not declared by the target(s) this clause names"
+                    f" (declared by: {owners})",
+                    ", ".join(allowed),
+                )
+            raise ctx.error(key_node, kpath, f"unknown key {key!r}", ", ".join(allowed))
         values: list[Scalar] = []
         for value, item, ipath in ctx.scalar_list(value_node, kpath):
             if key == "target":
-                names = [t.name for t in targets]
-                if value not in names:
-                    raise ctx.error(item, ipath, f"unknown target {value!r}", ", ".join(names))
                 values.append(str(value))
             elif key == "platform":
                 if value not in platforms:
-                    raise ctx.error(item, ipath, f"unknown platform {value!r}", ", ".join(platforms))
+                    raise ctx.error(
+                        item, ipath, f"unknown platform {value!r}", ", ".join(platforms)
+                    )
                 values.append(str(value))
             elif key in ("level", "mesh", "dtype", "autocast", "path"):
                 values.append(_axis_value(ctx, key, value, item, ipath))
             else:
                 text = _render(value)
-                # An exclude naming a value no target has would silently match nothing.
-                if not is_include and text not in known_params[key]:
+                known = sorted({_render(v) for v in declared[key]})
+                # An exclude naming a value no target has would silently match nothing;
+                # an include may add new values, but not ones that only look like old ones.
+                if not is_include and text not in known:
                     raise ctx.error(
                         item, ipath, f"unknown value {value!r} for extra axis {key!r}",
-                        ", ".join(sorted(known_params[key])),
+                        ", ".join(known),
                     )
                 if not VALUE_RE.match(text):
-                    raise ctx.error(item, ipath, f"value {value!r} cannot appear in a cell id")
+                    raise ctx.error(
+                        item, ipath, f"value {value!r} cannot appear in a cell id",
+                        "letters, digits, '_', '.', '+' and '-'",
+                    )
+                # Excludes compare rendered text, so only an include can make a twin.
+                clash = next(
+                    (v for v in declared[key] if _render(v) == text and not _same_scalar(v, value)),
+                    None,
+                )
+                if is_include and clash is not None:
+                    raise ctx.error(
+                        item, ipath,
+                        f"two cells with the same id: {key}={value!r} "
+                        f"({type(value).__name__}) renders like the target's {key}={clash!r} "
+                        f"({type(clash).__name__}) as {text!r}",
+                        f"write it as the target does: {key}: {clash!r}",
+                    )
                 values.append(value)
         conditions.append((key, tuple(values)))
     if not conditions:
@@ -407,9 +475,18 @@ def parse_matrix(text: str, file: str = "<matrix>", base_dir: str | None = None)
             mark = exc.problem_mark or exc.context_mark
             line = mark.line + 1 if mark else 1
             col = mark.column + 1 if mark else 1
-            raise SpecError(file, line, col, "", f"YAML syntax error: {exc.problem}") from None
+            problem = exc.problem or "malformed YAML"
+            if exc.context and problem.startswith("but "):
+                # e.g. "expected a single document in the stream, but found another document"
+                problem = f"{exc.context}, {problem}"
+            elif exc.context:
+                problem = f"{problem} ({exc.context})"
+            raise SpecError(file, line, col, "", f"YAML syntax error: {problem}") from None
         except yaml.YAMLError as exc:
             raise SpecError(file, 1, 1, "", f"YAML error: {exc}") from None
+        except RecursionError:
+            # PyYAML composes recursively; thousands of nested brackets exhaust the stack.
+            raise SpecError(file, 1, 1, "", "YAML nested too deeply to be a matrix") from None
         if root is None:
             raise SpecError(file, 1, 1, "", "empty matrix file", "a mapping with 'version: 1'")
         ctx = _Ctx(file, loader)
@@ -500,7 +577,7 @@ def _matrix(ctx: _Ctx, root: yaml.Node, base_dir: str) -> Matrix:
 def _child(node: yaml.Node, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode) and k.value == key:
+            if isinstance(k, yaml.ScalarNode) and k.value == key and isinstance(v, yaml.Node):
                 return v
     return None
 

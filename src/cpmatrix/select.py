@@ -23,6 +23,8 @@ from .spec import Cell
 __all__ = ["KeywordExpr", "parse_keyword_expr", "select_cells"]
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
+#: Deepest nesting of ``not`` and parentheses accepted in a ``-k`` expression.
+_MAX_DEPTH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,48 +53,65 @@ def parse_keyword_expr(source: str) -> KeywordExpr:
 
     def fail(message: str) -> UsageError:
         at = tokens[i][1] if i < len(tokens) else len(source)
-        return UsageError(f"-k {source!r}: {message} at column {at + 1}")
+        shown = source if len(source) <= 80 else source[:77] + "..."
+        return UsageError(f"-k {shown!r}: {message} at column {at + 1}")
 
     def peek() -> str | None:
         return tokens[i][0] if i < len(tokens) else None
 
+    depth = 0
+
+    def nest() -> None:
+        # Each ``not`` and ``(`` recurses; refuse absurd nesting before Python does.
+        nonlocal depth
+        depth += 1
+        if depth > _MAX_DEPTH:
+            raise fail(f"nested more than {_MAX_DEPTH} levels deep")
+
     def parse_or() -> Callable[[Sequence[str]], bool]:
         nonlocal i
-        left = parse_and()
+        terms = [parse_and()]
         while peek() == "or":
             i += 1
-            right = parse_and()
-            left = (lambda a, b: lambda w: a(w) or b(w))(left, right)
-        return left
+            terms.append(parse_and())
+        if len(terms) == 1:
+            return terms[0]
+        # n-ary, not a chain of pairs: "a or b or ... " stays one call deep.
+        return lambda w: any(term(w) for term in terms)
 
     def parse_and() -> Callable[[Sequence[str]], bool]:
         nonlocal i
-        left = parse_not()
+        terms = [parse_not()]
         while peek() == "and":
             i += 1
-            right = parse_not()
-            left = (lambda a, b: lambda w: a(w) and b(w))(left, right)
-        return left
+            terms.append(parse_not())
+        if len(terms) == 1:
+            return terms[0]
+        return lambda w: all(term(w) for term in terms)
 
     def parse_not() -> Callable[[Sequence[str]], bool]:
-        nonlocal i
+        nonlocal i, depth
         if peek() == "not":
             i += 1
+            nest()
             inner = parse_not()
+            depth -= 1
             return lambda w: not inner(w)
         return parse_atom()
 
     def parse_atom() -> Callable[[Sequence[str]], bool]:
-        nonlocal i
+        nonlocal i, depth
         tok = peek()
         if tok is None:
             raise fail("expected a word or '('")
         if tok == "(":
+            nest()
             i += 1
             inner = parse_or()
             if peek() != ")":
                 raise fail("expected ')'")
             i += 1
+            depth -= 1
             return inner
         if tok in (")", "and", "or"):
             raise fail(f"unexpected {tok!r}")
@@ -116,7 +135,8 @@ def select_cells(
     tags: Sequence[str] = (),
 ) -> list[Cell]:
     """The cells on ``platform`` that match ``keyword`` and carry every tag in ``tags``."""
-    expr = parse_keyword_expr(keyword) if keyword else None
+    # ``-k ""`` is a mistake to report, not "no filter".
+    expr = parse_keyword_expr(keyword) if keyword is not None else None
     out = []
     for cell in cells:
         if platform is not None and cell.platform != platform:

@@ -87,6 +87,8 @@ def run_cells(
     devices: int = 0,
     mutants: Mapping[str, Sequence[str]] | None = None,
     keep_order: bool = False,
+    cached: Mapping[str, Result] | None = None,
+    store: Callable[[Cell, Result], None] | None = None,
     on_result: Callable[[Entry, Result], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> RunReport:
@@ -95,7 +97,10 @@ def run_cells(
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     durations = load_durations(out)
-    batches = plan_batches(cells, durations=durations, batch_size=batch_size, mutants=mutants,
+    cached = cached or {}
+    hits = [c for c in cells if c.id in cached and not mutants]
+    batches = plan_batches([c for c in cells if not (c.id in cached and not mutants)],
+                           durations=durations, batch_size=batch_size, mutants=mutants,
                            keep_order=keep_order)
     planned: list[Entry] = []
     queue: deque[_Item] = deque()
@@ -104,7 +109,7 @@ def run_cells(
         planned.extend(entries)
         queue.append(_Item(batch=b.name, entries=entries))
     if on_start is not None:
-        on_start(len(planned))
+        on_start(len(planned) + len(hits))
 
     results: dict[str, Result] = {}
     first_crash: dict[str, Result] = {}
@@ -113,6 +118,13 @@ def run_cells(
     pool = DevicePool(devices)
     world_starts = 0
     cell_index = {c.id: c for c in cells}
+    for c in hits:
+        entry = Entry(cell=c)
+        planned.append(entry)
+        results[entry.key] = cached[c.id]
+        by_batch.setdefault("cached", []).append(entry.key)
+        if on_result is not None:
+            on_result(entry, cached[c.id])
 
     def finish(item: _Item, entry: Entry, result: Result) -> None:
         key = entry.key
@@ -138,6 +150,8 @@ def run_cells(
             queue.append(_Item(batch=f"{item.batch}-retry", entries=[replace(entry, attempt=2)]))
             return
         results[key] = result
+        if store is not None and result.status is Status.PASSED and not entry.mutant:
+            store(entry.cell, result)
         by_batch.setdefault(item.batch.removesuffix("-retry"), []).append(key)
         if on_result is not None:
             on_result(entry, result)

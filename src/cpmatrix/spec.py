@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -49,18 +50,27 @@ TIMEOUT_CLASSES: Final = {"short": 60, "moderate": 300, "long": 900, "eternal": 
 
 REDUCED_PRECISION: Final = ("bf16", "fp16")
 
-_MESH_RE: Final = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
+# The patterns end in \Z, not $: "$" also matches before a trailing newline, which
+# would let "7\n" through into an id (and a file name).
+_MESH_RE: Final = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)\Z")
 #: Names of targets, platforms and extra axes: safe in ids and file names.
-NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 #: Rendered parameter values must stay safe in an id and a file name.
-VALUE_RE: Final = re.compile(r"^[A-Za-z0-9_.+-]+$")
+VALUE_RE: Final = re.compile(r"^[A-Za-z0-9_.+-]+\Z")
 
 
 def timeout_seconds(value: str | int | float) -> int:
-    """A Bazel timeout class or a positive number of seconds, as whole seconds."""
+    """A Bazel timeout class or a positive, finite number of seconds, as whole seconds.
+
+    ``KeyError`` for an unknown class, ``ValueError`` for a number that is not > 0
+    and finite (the loader reports both with file and line before this is reached).
+    """
     if isinstance(value, str):
         return TIMEOUT_CLASSES[value]
-    return max(1, int(round(value)))
+    not_finite = isinstance(value, float) and not math.isfinite(value)
+    if isinstance(value, bool) or not_finite or value <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
+    return max(1, round(value))
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -131,6 +141,8 @@ class Target:
     description: str = ""
     #: file:line of the target in its matrix, for messages.
     where: str = ""
+    #: (line, column) of the ``case`` value, so a missing case module is reported there.
+    case_at: tuple[int, int] = (0, 0)
 
     def axis(self, name: str) -> tuple[str, ...]:
         for key, values in self.axes:
