@@ -79,7 +79,8 @@ class ActionKeys:
     def __init__(self, search_path: Sequence[str]) -> None:
         #: Only modules found under these folders count as project-local.
         self.roots = tuple(os.path.abspath(p) for p in search_path)
-        self.sources = ModuleSources(self.roots)
+        # Only the project's folders: site-packages modules are never read.
+        self.sources = ModuleSources(self.roots, include_sys_path=False)
         self._closure: dict[str, str] = {}
         runtime = hashlib.sha256(__version__.encode())
         for name in _RUNTIME_MODULES:

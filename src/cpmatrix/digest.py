@@ -70,8 +70,9 @@ def cell_digest_from_parts(spec_json: str, source_sha256: bytes, platform_json: 
 class ModuleSources:
     """Finds a module's source file on a search path and reads it, cached by name."""
 
-    def __init__(self, search_path: Sequence[str] = ()) -> None:
-        self.search_path = tuple(search_path) + tuple(p for p in sys.path if p)
+    def __init__(self, search_path: Sequence[str] = (), *, include_sys_path: bool = True) -> None:
+        extra = tuple(p for p in sys.path if p) if include_sys_path else ()
+        self.search_path = tuple(search_path) + extra
         self._cache: dict[str, tuple[str, bytes]] = {}
 
     def locate(self, module: str) -> str:

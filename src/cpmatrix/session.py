@@ -11,6 +11,7 @@ and then its cells fail with the launcher's error; the report is written atomica
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -95,6 +96,9 @@ def run_cells(
     """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report."""
     out = options.out_root
     out.mkdir(parents=True, exist_ok=True)
+    # A previous run's worlds and cell folders would be read as this run's progress.
+    for stale in ("worlds", "cells"):
+        shutil.rmtree(out / stale, ignore_errors=True)
     t0 = time.monotonic()
     durations = load_durations(out)
     cached = cached or {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -198,6 +199,8 @@ class WorldRun:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
         opts = self.options
         try:
+            if self.dir.exists():  # never read another launch's progress files
+                shutil.rmtree(self.dir)
             self.progress.mkdir(parents=True, exist_ok=True)
             home = self.dir / "home"
             tmp = self.dir / "tmp"
