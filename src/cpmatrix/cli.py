@@ -59,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_show.add_argument("--matrix", default=DEFAULT_MATRIX)
 
     from .cli_run import add_run_parser
+    from .repro import add_repro_parser
 
     add_run_parser(sub)
+    add_repro_parser(sub)
     return parser
 
 
@@ -147,8 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         from .cli_run import cmd_run
+        from .repro import cmd_repro
 
-        handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run}[args.command]
+        handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run,
+                   "repro": cmd_repro}[args.command]
         return int(handler(args))
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)

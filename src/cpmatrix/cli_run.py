@@ -21,7 +21,7 @@ from .errors import ExitCode, UsageError
 from .plan import plan_batches
 from .cache import ActionKeys, ResultCache, default_cache_dir
 from .result import Result
-from .runners.base import ENV_ALLOW, get_runner, runner_names
+from .runners.base import ENV_ALLOW, Runner, get_runner, runner_names
 from .session import load_durations, run_cells
 from .spec import Cell, Matrix, Platform
 from .supervise import WorldOptions
@@ -39,7 +39,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="cells per torchrun world (default: one world per platform x world size)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worlds run at once")
-    p.add_argument("--runner", default="local", choices=runner_names(),
+    p.add_argument("--runner", default="local", choices=(*runner_names(), "auto"),
                    help="how worlds are launched (default: %(default)s)")
     p.add_argument("--mutants", action="store_true",
                    help="also run each cell once per declared mutant; a surviving mutant fails")
@@ -57,6 +57,51 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="result cache folder (default: $XDG_CACHE_HOME/cpmatrix)")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a TTY")
+
+
+def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
+    """The runner called ``name`` (``auto``: docker > sandbox > local) and why it was chosen.
+
+    Raises UsageError when the named runner cannot run here.
+    """
+    if name != "auto":
+        try:
+            runner = get_runner(name) if name == "local" else get_runner(name, platform=platform.name)
+        except (ValueError, ImportError) as exc:
+            raise UsageError(str(exc)) from None
+        why_not = runner.unavailable()
+        if why_not:
+            raise UsageError(f"--runner {name}: {why_not}")
+        return runner, "chosen with --runner"
+    reasons = []
+    for candidate in ("docker", "sandbox"):
+        try:
+            runner = get_runner(candidate, platform=platform.name)
+        except (ValueError, ImportError) as exc:
+            reasons.append(f"{candidate}: {exc}")
+            continue
+        why_not = runner.unavailable()
+        if why_not is None:
+            what = "a Docker engine answers and the image is built" if candidate == "docker" \
+                else "bubblewrap works here"
+            return runner, f"auto: {what}" + (f"; skipped {'; '.join(reasons)}" if reasons else "")
+        reasons.append(f"{candidate}: {why_not}")
+    return get_runner("local"), "auto: " + "; ".join(reasons)
+
+
+def make_world_options(
+    matrix: Matrix, out: Path, runner: Runner, *, abort_grace: float, python: str = sys.executable
+) -> WorldOptions:
+    project_root = str(Path(matrix.path).resolve().parent.parent)
+    src_dir = str(Path(__file__).resolve().parent.parent)
+    return WorldOptions(
+        out_root=out,
+        runner=runner,
+        pythonpath=(*matrix.pythonpath, src_dir),
+        project_root=project_root,
+        abort_grace_s=abort_grace,
+        python=python,
+    )
 
 
 def visible_cuda_devices() -> int:
@@ -175,25 +220,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         widest = max(c.world_size for c in cells if platforms[c.platform].device == "cuda")
         if widest > gpus:
             raise UsageError(f"a {widest}-rank cuda cell needs {widest} devices; {gpus} visible")
-    try:
-        runner = get_runner(args.runner)
-    except (ValueError, ImportError) as exc:
-        raise UsageError(str(exc)) from None
-    why_not = runner.unavailable()
-    if why_not:
-        raise UsageError(f"--runner {args.runner}: {why_not}")
+    runner, why = resolve_runner(args.runner, platforms[cells[0].platform])
+    print(f"runner: {runner.name} ({why})", flush=True)
     mutants = discover_mutants(matrix, cells) if args.mutants else None
-
-    project_root = str(Path(matrix.path).resolve().parent.parent)
-    src_dir = str(Path(__file__).resolve().parent.parent)
-    options = WorldOptions(
-        out_root=out,
-        runner=runner,
-        pythonpath=(*matrix.pythonpath, src_dir),
-        project_root=project_root,
-        abort_grace_s=args.abort_grace,
-        python=args.python,
-    )
+    options = make_world_options(matrix, out, runner, abort_grace=args.abort_grace,
+                                 python=args.python)
     cached, store = _cache_for(args, matrix, cells, options, platforms, mutants is not None)
     progress = Progress(force_plain=args.plain)
     try:

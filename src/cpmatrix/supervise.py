@@ -95,7 +95,7 @@ def _pid_alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
         return state not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    except (OSError, IndexError):
         return False
 
 
@@ -105,7 +105,7 @@ def _exit_status(pid: int) -> int | None:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return int(fields[49]) if len(fields) > 49 else None
-    except (FileNotFoundError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -310,7 +310,7 @@ class WorldRun:
         self._collect_complete()
         rc = self.proc.poll() if self.proc is not None else None
         now = time.monotonic()
-        for r, pid in self._pids.items():
+        for r, pid in self._host_pids().items():
             if r not in self._dead and not _pid_alive(pid):
                 status = _exit_status(pid)
                 self._dead[r] = (now, _describe_status(status) if status is not None else "")
@@ -417,8 +417,19 @@ class WorldRun:
             self._abort(i, FailureKind.ERROR, "")
 
     # ---------------------------------------------------------------- faults
+    def _host_pids(self) -> dict[int, int]:
+        """Rank pids, only when they are pids in *our* namespace.
+
+        In a container or a pid-unshared sandbox the workers' pids mean other processes
+        here: never signal them (we would kill strangers).
+        """
+        if getattr(self.options.runner, "shares_pid_namespace", False):
+            return self._pids
+        return {}
+
     def _dump_stacks(self) -> None:
-        for pid in self._pids.values():
+        (self.dir / "dump.request").write_text(f"{time.time()}\n")
+        for pid in self._host_pids().values():
             try:
                 os.kill(pid, signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
@@ -432,7 +443,7 @@ class WorldRun:
             except (ProcessLookupError, PermissionError):
                 pass
         # Ranks live in torchrun's process group; kill any that survived by pid too.
-        for pid in self._pids.values():
+        for pid in self._host_pids().values():
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

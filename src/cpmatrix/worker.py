@@ -29,6 +29,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -223,6 +224,44 @@ def _barrier(store: Any, index: int, rank: int, world_size: int, timeout_s: floa
                _dt.timedelta(seconds=timeout_s))
 
 
+class _StackDumper:
+    """Dumps every thread's stack into the current cell's ``stacks.txt`` on request.
+
+    Two triggers: SIGUSR1 (faulthandler's C handler: works even while the GIL is
+    held) and a request file ``<world>/dump.request`` polled by this thread, which
+    works when the supervisor cannot signal us (a container's or sandbox's own pid
+    namespace). Blocking collectives release the GIL, so the thread gets to run.
+    """
+
+    def __init__(self, request: Path) -> None:
+        self.request = request
+        self.file: TextIO | None = None
+        self.seen = 0.0
+        self.lock = threading.Lock()
+
+    def switch(self, path: Path) -> None:
+        new = open(path, "w", encoding="utf-8")  # noqa: SIM115 - lives until the next cell
+        faulthandler.register(signal.SIGUSR1, file=new, all_threads=True)
+        with self.lock:
+            old, self.file = self.file, new
+        if old is not None:
+            old.close()
+
+    def watch(self) -> None:
+        while True:
+            time.sleep(0.2)
+            try:
+                stamp = self.request.stat().st_mtime
+            except OSError:
+                continue
+            if stamp > self.seen:
+                self.seen = stamp
+                with self.lock:
+                    if self.file is not None:
+                        faulthandler.dump_traceback(file=self.file, all_threads=True)
+                        self.file.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -255,18 +294,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
         timeout=datetime.timedelta(seconds=float(world["pg_timeout_s"])),
     )
-    stacks: TextIO | None = None
+    dumper = _StackDumper(world_dir / "dump.request")
+    threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
     try:
         for index, spec in enumerate(world["cells"]):
             cell_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
             cell_dir.mkdir(parents=True, exist_ok=True)
-            # On timeout the supervisor sends SIGUSR1: every thread's Python stack lands
-            # in the cell's own folder, even while this rank is blocked inside C++ (gloo).
-            new_stacks = open(cell_dir / "stacks.txt", "w", encoding="utf-8")  # noqa: SIM115
-            faulthandler.register(signal.SIGUSR1, file=new_stacks, all_threads=True)
-            if stacks is not None:
-                stacks.close()
-            stacks = new_stacks
+            # On timeout the supervisor asks for stacks: they land in the cell's folder.
+            dumper.switch(cell_dir / "stacks.txt")
             atomic_write_json(
                 progress / f"{index}.r{rank}.start",
                 {"id": spec["cell"]["id"], "time": time.time(), "log_offset": _log_offset()},

@@ -85,6 +85,8 @@ class Runner(Protocol):
     """How a Launch is executed. Implementations live one per module in this package."""
 
     name: str
+    #: True when worker pids are pids of this machine's namespace (may be signalled).
+    shares_pid_namespace: bool
 
     def unavailable(self) -> str | None:
         """None when usable here, else a one-line reason."""
@@ -103,6 +105,7 @@ class LocalRunner:
     """torchrun as a plain subprocess with the hermetic environment."""
 
     name = "local"
+    shares_pid_namespace = True
 
     def unavailable(self) -> str | None:
         return None

@@ -1,0 +1,111 @@
+"""Nox sessions for cpmatrix, generated from ``matrix/``.
+
+    nox -l                                  # list sessions
+    nox -s parity-cpu                       # the CPU parity matrix (docker > sandbox > local)
+    nox -s parity-cpu -- -k ring_attention  # pass a selection through
+    nox -s parity-cuda                      # on a GPU host (exit 2 at once without one)
+    nox -s tests lint spill mutants report gate
+
+Every session runs in the current environment (``venv_backend="none"``): cpmatrix and
+torch are installed once by ``.ci/install`` and never reinstalled per session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+import yaml
+
+ROOT = Path(__file__).parent
+MATRIX = ROOT / "matrix" / "parity.yaml"
+nox.options.sessions = ["parity-cpu"]
+nox.options.error_on_missing_interpreters = False
+
+
+def _platforms() -> dict[str, dict[str, object]]:
+    """Platform name -> spec, read from the matrix (safe_load; the CLI validates fully)."""
+    with open(MATRIX, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    platforms = data.get("platforms") or {}
+    return {str(k): dict(v) for k, v in platforms.items()}
+
+
+def _cuda_devices() -> int:
+    smi = shutil.which("nvidia-smi")
+    if smi is None or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 0
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _out(name: str) -> str:
+    return str(ROOT / "out" / name)
+
+
+def _make_parity_session(platform: str, spec: dict[str, object]) -> None:
+    device = spec.get("device", "cpu")
+
+    @nox.session(name=f"parity-{platform}", venv_backend="none")
+    def parity(session: nox.Session) -> None:
+        if device == "cuda" and _cuda_devices() == 0:
+            session.log(f"parity-{platform}: no CUDA device is visible on this machine; "
+                        f"check the plan with: cpmatrix run --platform {platform} --dry-run")
+            sys.exit(2)
+        out = _out(f"parity-{platform}")
+        session.run("cpmatrix", "run", "--matrix", str(MATRIX), "--platform", platform,
+                    "--runner", "auto", "--out", out, *session.posargs, external=True)
+        session.log(f"merged report: {out}/report.xml (html: cpmatrix report --out {out})")
+
+    parity.__doc__ = (f"Run the {platform} parity matrix ({spec.get('backend')}, "
+                      f"{device}); extra args go to `cpmatrix run`.")
+
+
+for _name, _spec in _platforms().items():
+    _make_parity_session(_name, _spec)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Run cpmatrix's own test-suite (pytest)."""
+    session.run("python", "-m", "pytest", "-q", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy --strict on src/cpmatrix."""
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py", external=True)
+    session.run("mypy", external=True)
+
+
+@nox.session(venv_backend="none")
+def spill(session: nox.Session) -> None:
+    """Triton PTX register-spill gate for every declared kernel config (no GPU needed)."""
+    session.run("cpmatrix", "spill", "--matrix", str(MATRIX), "--out", _out("spill"),
+                *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def mutants(session: nox.Session) -> None:
+    """Run every CPU cell once per declared mutant; a surviving mutant fails."""
+    session.run("cpmatrix", "run", "--matrix", str(MATRIX), "--platform", "cpu", "--mutants",
+                "--out", _out("mutants"), *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def report(session: nox.Session) -> None:
+    """Render out/parity-cpu/report.xml as a self-contained report.html."""
+    out = session.posargs[0] if session.posargs else _out("parity-cpu")
+    session.run("cpmatrix", "report", "--out", out, external=True)
+
+
+@nox.session(venv_backend="none")
+def gate(session: nox.Session) -> None:
+    """Apply the release gate (matrix/gates.yaml) to out/parity-cpu/report.xml."""
+    args = session.posargs or ["--policy", "release", "--report",
+                               _out("parity-cpu") + "/report.xml"]
+    session.run("cpmatrix", "gate", *args, external=True)
