@@ -76,8 +76,9 @@ def test_fault_is_attributed_to_exactly_its_cell(fault: str, tmp_path: Path) -> 
             assert r["attempts"] == 2, "a crashed cell is retried once alone"
         # The summary names the cell, its kind and rank.
         assert f"{status.upper()} {cid}" in output
-    # 3 faulty cells x timeout 6 s + restarts: bounded well below the sum of timeouts x 2.
-    assert wall < 120, f"run took {wall:.0f} s"
+    # Not a speed check: the run must end (no hang). 3 faults x (6 s timeout + restart +
+    # retry) fit many times over in this bound even on a loaded 2-core machine.
+    assert wall < 400, f"run took {wall:.0f} s: something waited past the timeouts"
 
 
 @pytest.mark.slow

@@ -414,7 +414,16 @@ class WorldRun:
             return
         err_at = self._first_error_at.get(i)
         if err_at is not None and now - err_at > self.options.abort_grace_s:
-            self._abort(i, FailureKind.ERROR, "")
+            errors = [o for (j, _r), o in self._dones.items()
+                      if j == i and o.get("status") != "ok"]
+            if all(_COLLATERAL.search(o.get("message", "")) for o in errors):
+                # The only failures say "a peer went away": a rank died. That is a crash,
+                # whichever of torchrun or this grace period notices first.
+                self._dump_stacks()
+                self._kill()
+                self._on_world_exit()
+            else:
+                self._abort(i, FailureKind.ERROR, "")
 
     # ---------------------------------------------------------------- faults
     def _host_pids(self) -> dict[int, int]:
@@ -517,16 +526,20 @@ class WorldRun:
         entry = self.entries[i]
         outs = {r: self._dones.get((i, r)) for r in range(self.world_size)}
         root = _torchrun_root_cause(log_text)
+        # A rank that wrote an outcome for the cell was alive after it: not the culprit.
+        silent = [r for r, o in outs.items() if o is None]
         dead: list[int] = []
         how: dict[int, str] = {}
-        if root is not None and outs.get(root[0]) is None:
+        if root is not None and root[0] in silent:
             dead, how = [root[0]], {root[0]: root[1]}
-        elif self._dead:
-            first = min(t for t, _ in self._dead.values())
-            dead = sorted(r for r, (t, _) in self._dead.items() if t - first < 0.05)
-            how = {r: self._dead[r][1] for r in dead}
         else:
-            dead = [r for r, o in outs.items() if o is None]
+            seen = {r: v for r, v in self._dead.items() if r in silent}
+            if seen:
+                first = min(t for t, _ in seen.values())
+                dead = sorted(r for r, (t, _) in seen.items() if t - first < 0.05)
+                how = {r: seen[r][1] for r in dead}
+            else:
+                dead = silent
         errors = [o for o in outs.values() if o is not None and o.get("status") != "ok"
                   and not _COLLATERAL.search(o.get("message", ""))]
         if errors:
