@@ -16,10 +16,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .cache import ActionKeys, ResultCache, default_cache_dir
 from .console import Progress, format_summary
 from .errors import ExitCode, UsageError
 from .plan import plan_batches
-from .cache import ActionKeys, ResultCache, default_cache_dir
 from .result import Result
 from .runners.base import ENV_ALLOW, Runner, get_runner, runner_names
 from .session import load_durations, run_cells
@@ -66,7 +66,8 @@ def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
     """
     if name != "auto":
         try:
-            runner = get_runner(name) if name == "local" else get_runner(name, platform=platform.name)
+            runner = (get_runner(name) if name == "local"
+                      else get_runner(name, platform=platform.name))
         except (ValueError, ImportError) as exc:
             raise UsageError(str(exc)) from None
         why_not = runner.unavailable()

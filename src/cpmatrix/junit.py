@@ -76,7 +76,8 @@ def _failure_text(result: Result) -> str:
     if result.message:
         parts.append(result.message)
     for f in result.failures:
-        parts.append(f"--- rank {f.rank}: {f.message}" + (f" [check: {f.check}]" if f.check else ""))
+        check = f" [check: {f.check}]" if f.check else ""
+        parts.append(f"--- rank {f.rank}: {f.message}{check}")
         if f.traceback:
             parts.append(f.traceback.rstrip())
     for rank, tail in sorted(result.stderr_tails.items()):

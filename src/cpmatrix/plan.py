@@ -70,7 +70,8 @@ def plan_batches(
 
     batches: list[Batch] = []
     # Larger worlds first: they are the slowest to start and the most likely to fail.
-    for (platform, world_size), entries in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+    ordered = sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))
+    for (platform, world_size), entries in ordered:
         if not keep_order:  # keep_order: matrix order, to bisect state leaking between cells
             entries.sort(key=lambda e: (-expected(e), e[0].id, e[1]))
         size = batch_size if batch_size and batch_size > 0 else len(entries)

@@ -260,7 +260,9 @@ def interpret_mutant(result: Result) -> Result:
     )
 
 
-def _fail_unstarted(item: _Item, world: WorldRun, finish: Callable[[_Item, Entry, Result], None]) -> None:
+def _fail_unstarted(
+    item: _Item, world: WorldRun, finish: Callable[[_Item, Entry, Result], None]
+) -> None:
     log = world.dir / "torchrun.log"
     try:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
