@@ -103,7 +103,7 @@ def _clear_dtensor_caches() -> None:
         from torch.distributed.tensor import _redistribute as redistribute
     except ImportError:
         return
-    prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    prop: Any = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
     attempt(lambda: prop.propagate_op_sharding.cache_clear())
     attempt(lambda: prop._propagate_tensor_meta_cached.cache_clear())
     attempt(lambda: redistribute._gen_transform_infos.cache_clear())

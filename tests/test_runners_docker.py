@@ -1,0 +1,378 @@
+"""The docker runner and its image names: command lines (pure) and real containers.
+
+Tests marked ``docker`` need a running engine and the cpu image (CI runs
+docker/start-dockerd.sh, docker/make-base.sh and docker/build-image.sh first); they skip
+only when no engine answers, and fail when the engine runs but the image is missing.
+Nothing here sends traffic anywhere but loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cpmatrix import image
+from cpmatrix.runners.base import Launch, get_runner, hermetic_env
+from cpmatrix.runners.docker import DockerRunner, container_argv, docker_run_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+SECRET = "cpmatrix-test-secret-value"
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    out, readonly, hidden = sys.argv[1:4]
+    def can_write(folder):
+        try:
+            with open(os.path.join(folder, "probe.txt"), "w") as f:
+                f.write("x")
+            return "ok"
+        except OSError as exc:
+            return exc.strerror
+    import cpmatrix
+    seen = {
+        "interfaces": [name for _, name in socket.if_nameindex()],
+        "write_out": can_write(out),
+        "write_readonly": can_write(readonly),
+        "hidden_visible": os.path.exists(hidden),
+        "secret": os.environ.get("CPMATRIX_TEST_SECRET"),
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "prefix": sys.prefix,
+        "cpmatrix": cpmatrix.__file__,
+        "pid": os.getpid(),
+    }
+    with open(os.path.join(out, "probe.json"), "w") as f:
+        json.dump(seen, f)
+    """
+)
+
+WORLD = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.tensor([float(rank + 1)], dtype=torch.float64)
+    dist.all_reduce(t)
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"sum": t.item(), "world": dist.get_world_size(),
+                   "interfaces": [n for _, n in socket.if_nameindex()]}, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str) -> Launch:
+    """A launch shaped like the supervisor's: ``tmp_path/out`` (writable, with private
+    HOME and TMPDIR) and ``tmp_path/src`` (read-only), sources and the host Python."""
+    out, src = tmp_path / "out", tmp_path / "src"
+    for folder in (out / "home", out / "tmp", src):
+        folder.mkdir(parents=True, exist_ok=True)
+    source = dict(os.environ, CPMATRIX_TEST_SECRET=SECRET, VIRTUAL_ENV=sys.prefix)
+    env = hermetic_env(
+        source, home=str(out / "home"), tmp=str(out / "tmp"), extra={"PYTHONPATH": str(src)}
+    )
+    return Launch(
+        argv=argv,
+        env=env,
+        cwd=str(ROOT),
+        writable=(str(out),),
+        readonly=(str(ROOT), str(src), sys.prefix),
+        name=name,
+    )
+
+
+def unique_name(tag: str) -> str:
+    return f"cpmatrix-test-{tag}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+
+
+# ----------------------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (("/root/.pyenv/versions/3.11.7/bin/python", "-V"), ["python3", "-V"]),
+        (("/venv/bin/python3.11", "x.py"), ["python3", "x.py"]),
+        (("python3", "-m", "m"), ["python3", "-m", "m"]),
+        (("torchrun", "w.py"), ["python3", "-m", "torch.distributed.run", "w.py"]),
+        (("/usr/bin/env", "true"), ["/usr/bin/env", "true"]),
+        (("/bin/pythonista",), ["/bin/pythonista"]),
+    ],
+)
+def test_container_argv(argv: tuple[str, ...], expect: list[str]) -> None:
+    assert container_argv(argv) == expect
+
+
+def test_run_argv_shape(tmp_path: Path) -> None:
+    launch = make_launch(tmp_path, (sys.executable, "-V"), name="w0")
+    argv, env = docker_run_argv(launch, image="img:1", docker="docker", user="0:0")
+    assert argv[:2] == ["docker", "run"]
+    for flag in ("--rm", "--init", "--network=none", "--pid=host"):
+        assert flag in argv
+    assert flag_values(argv, "--name") == ["w0"]
+    assert flag_values(argv, "--workdir") == [str(ROOT)]
+    assert argv[-3:] == ["img:1", "python3", "-V"]
+    mounts = flag_values(argv, "--mount")
+    out, src = tmp_path / "out", tmp_path / "src"
+    assert f"type=bind,source={out},target={out}" in mounts
+    assert f"type=bind,source={src},target={src},readonly" in mounts
+    assert f"type=bind,source={ROOT},target={ROOT},readonly" in mounts
+    # The host interpreter stays outside: the image has its own.
+    assert not any(f"source={sys.prefix}," in m for m in mounts)
+    # The sources hold cpmatrix, so no extra mount; src/ leads PYTHONPATH.
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(SRC), str(src)]
+
+
+def test_env_values_never_in_argv_and_host_paths_stay_out(tmp_path: Path) -> None:
+    launch = make_launch(tmp_path, ("python3", "-V"), name="w0")
+    assert SECRET not in launch.env.values()  # the allow-list already dropped it
+    argv, env = docker_run_argv(launch, image="img:1")
+    for key, value in env.items():
+        assert f"{key}={value}" not in argv
+    assert sorted(flag_values(argv, "-e")) == sorted(env)
+    for key in ("PATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH"):
+        assert key not in env  # the image's own values apply
+    assert env["TZ"] == "UTC" and env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_package_is_mounted_when_no_readonly_folder_holds_it(tmp_path: Path) -> None:
+    launch = Launch(argv=("python3",), env={}, cwd="/", writable=(str(tmp_path),))
+    argv, env = docker_run_argv(launch, image="img:1")
+    package = SRC / "cpmatrix"
+    assert f"type=bind,source={package},target={package},readonly" in flag_values(argv, "--mount")
+    assert env["PYTHONPATH"] == str(SRC)
+
+
+@pytest.mark.parametrize(
+    ("devices", "gpus_value", "visible"),
+    [((), "all", None), ((2, 3), '"device=2,3"', "0,1")],
+)
+def test_gpus(devices: tuple[int, ...], gpus_value: str, visible: str | None) -> None:
+    env = {"CUDA_VISIBLE_DEVICES": "2,3"} if devices else {}
+    launch = Launch(argv=("python3",), env=env, cwd="/", devices=devices)
+    argv, container_env = docker_run_argv(launch, image="img:1", gpus=True)
+    assert flag_values(argv, "--gpus") == [gpus_value]
+    assert container_env.get("CUDA_VISIBLE_DEVICES") == visible
+    argv, _ = docker_run_argv(launch, image="img:1", gpus=False)
+    assert "--gpus" not in argv
+
+
+def test_a_comma_in_a_path_is_refused() -> None:
+    launch = Launch(argv=("python3",), env={}, cwd="/", writable=("/tmp/a,b",))
+    with pytest.raises(ValueError, match="comma"):
+        docker_run_argv(launch, image="img:1")
+
+
+def test_unknown_platform_is_refused() -> None:
+    with pytest.raises(ValueError, match="platform"):
+        DockerRunner(image="x", platform="tpu")
+    assert isinstance(get_runner("docker", image="x"), DockerRunner)
+
+
+def test_engine_that_does_not_answer_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = DockerRunner(image="cpmatrix-cpu:any")
+    if runner.unavailable() is not None and "not installed" in (runner.unavailable() or ""):
+        pytest.skip("no docker CLI here")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/cpmatrix-test.sock")
+    reason = runner.unavailable()
+    assert reason is not None and "docker/start-dockerd.sh" in reason
+
+
+def test_missing_cli_is_a_reason() -> None:
+    reason = DockerRunner(image="x", docker="no-such-docker-here").unavailable()
+    assert reason is not None and "apt-get install -y docker.io" in reason
+
+
+# ----------------------------------------------------------------------- image names
+
+
+@pytest.mark.parametrize("field", ["dockerfile", "requirements", "base", "base_id"])
+def test_image_tag_changes_with_every_input(field: str) -> None:
+    inputs: dict[str, object] = {
+        "dockerfile": b"FROM x",
+        "requirements": b"torch==2.13.0",
+        "base": "x",
+        "base_id": "sha256:1",
+    }
+    first = image.image_tag(**inputs)  # type: ignore[arg-type]
+    inputs[field] = b"other" if isinstance(inputs[field], bytes) else "other"
+    assert image.image_tag(**inputs) != first  # type: ignore[arg-type]
+    assert len(first) == 16 and int(first, 16) >= 0
+
+
+def test_default_base_comes_from_the_dockerfile() -> None:
+    cpu = (ROOT / "docker" / "cpu.Dockerfile").read_text()
+    assert image.default_base(cpu) == "cpmatrix-base:bookworm"
+    assert image.default_base((ROOT / "docker" / "cuda.Dockerfile").read_text()).startswith(
+        "nvidia/cuda:"
+    )
+    with pytest.raises(ValueError, match="ARG BASE"):
+        image.default_base("FROM scratch\n")
+
+
+def test_image_ref_of_the_checkout() -> None:
+    ref = image.image_ref("cpu", docker="no-such-docker-here")  # no engine: base id unknown
+    name, tag = ref.split(":")
+    assert name == "cpmatrix-cpu" and len(tag) == 16
+    assert image.main(["base", "cpu"]) == 0
+    with pytest.raises(ValueError, match="platform"):
+        image.image_ref("tpu")
+
+
+# ----------------------------------------------------------------------------- real
+
+
+@pytest.fixture(scope="module")
+def runner() -> DockerRunner:
+    docker = DockerRunner()
+    reason = docker.unavailable()
+    if reason is not None and ("not installed" in reason or "engine" in reason):
+        pytest.skip(f"docker tests need a running engine: {reason}")
+    if reason is not None:
+        pytest.fail(f"the engine runs but the runner cannot: {reason}")
+    return docker
+
+
+@pytest.fixture
+def container_name() -> Iterator[str]:
+    name = unique_name("c")
+    yield name
+    # Whatever a test left behind (a failed assertion before cleanup) is ours to remove.
+    subprocess.run(["docker", "rm", "--force", name], capture_output=True, check=False)
+
+
+@pytest.mark.docker
+def test_identity_is_the_image_id(runner: DockerRunner) -> None:
+    ident = runner.identity()
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", runner.image],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert ident == {"runner": "docker", "image": runner.image, "image_id": inspected}
+
+
+@pytest.mark.docker
+def test_missing_image_names_the_build_command(runner: DockerRunner) -> None:
+    reason = DockerRunner(image="cpmatrix-cpu:no-such-tag").unavailable()
+    assert reason is not None and "docker/build-image.sh cpu" in reason
+
+
+@pytest.mark.docker
+def test_a_cell_sees_loopback_its_folder_and_nothing_else(
+    runner: DockerRunner, tmp_path: Path, container_name: str
+) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    probe, out = tmp_path / "src" / "probe.py", tmp_path / "out"
+    launch = make_launch(
+        tmp_path,
+        (sys.executable, str(probe), str(out), str(ROOT), str(hidden)),
+        name=container_name,
+    )
+    probe.write_text(PROBE)
+    argv, env = runner.command(launch)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads((out / "probe.json").read_text())
+    assert seen["interfaces"] == ["lo"]
+    assert seen["write_out"] == "ok"
+    assert seen["write_readonly"] == "Read-only file system"
+    assert not (ROOT / "probe.txt").exists()
+    assert seen["hidden_visible"] is False
+    assert seen["secret"] is None and SECRET not in json.dumps(seen["env"])
+    assert (seen["env"]["TZ"], seen["env"]["HOME"]) == ("UTC", launch.env["HOME"])
+    assert seen["cwd"] == str(ROOT)
+    # The image's interpreter, with cpmatrix from the mounted sources.
+    assert seen["prefix"] == "/opt/venv"
+    assert seen["cpmatrix"] == str(SRC / "cpmatrix" / "__init__.py")
+    # Files written inside belong to the caller, at the same path.
+    assert (out / "probe.json").stat().st_uid == os.getuid()
+    assert seen["pid"] > 1  # the host's pid namespace: the supervisor can signal it
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_two_rank_gloo_world(runner: DockerRunner, tmp_path: Path, container_name: str) -> None:
+    script = tmp_path / "src" / "world.py"
+    argv = (
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0",
+        str(script), str(tmp_path / "out"),
+    )  # fmt: skip
+    launch = make_launch(tmp_path, argv, name=container_name)
+    script.write_text(WORLD)
+    command, env = runner.command(launch)
+    start = time.monotonic()
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    wall = time.monotonic() - start
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    for rank in (0, 1):
+        got = json.loads((tmp_path / "out" / f"rank{rank}.json").read_text())
+        assert got == {"sum": 3.0, "world": 2, "interfaces": ["lo"]}
+    assert "hostname of the client socket cannot be retrieved" not in output
+    print(f"2-rank gloo world in docker: {wall:.1f}s")
+
+
+def _running(name: str) -> bool:
+    done = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.Running}}", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.returncode == 0 and done.stdout.strip() == "true"
+
+
+@pytest.mark.docker
+def test_cleanup_stops_the_container_the_killed_client_left(
+    runner: DockerRunner, tmp_path: Path, container_name: str
+) -> None:
+    launch = make_launch(
+        tmp_path, ("python3", "-c", "import time; time.sleep(300)"), name=container_name
+    )
+    argv, env = runner.command(launch)
+    client = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _running(container_name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _running(container_name), "the container never started"
+        os.killpg(client.pid, signal.SIGKILL)  # what the supervisor does on a hang
+        client.wait(timeout=30)
+        assert _running(container_name), "killing the client stopped it (cleanup untested)"
+        runner.cleanup(launch)
+        assert not _running(container_name)
+        runner.cleanup(launch)  # already gone: still fine
+    finally:
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
+            client.wait()
