@@ -1,0 +1,96 @@
+"""Failures raised by the parity toolkit, each naming the check that failed.
+
+Every failure is a :class:`ParityError`, an ``AssertionError``, so a case fails the
+ordinary way. ``.check`` names the first check that failed and ``.failed`` every one,
+which is what the runtime prints for a killed mutant.
+
+Example::
+
+    >>> err = MismatchError("param_grad", "param_grad: 'weight' max abs 0.5 > atol")
+    >>> isinstance(err, AssertionError), err.check, err.failed
+    (True, 'param_grad', ('param_grad',))
+    >>> check_of(err), check_of(ValueError("x"))
+    ('param_grad', 'error:ValueError')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CHECKS",
+    "DtypePathError",
+    "EntropyError",
+    "MismatchError",
+    "ParityError",
+    "ReplicationError",
+    "ToleranceError",
+    "VacuousError",
+    "check_of",
+]
+
+#: The names ``ParityError.check`` takes, in the order :func:`~cpmatrix.parity.check_parity`
+#: runs them. The runtime shows them when it says which check killed a mutant.
+CHECKS: tuple[str, ...] = (
+    "tolerance",  # a loosened tolerance without a written reason
+    "setup",  # inputs/placements/state_dict do not fit together
+    "replicated_identical",  # a value that must be the same on every rank is not
+    "sharding_active",  # nothing is really sharded on a mesh with an axis > 1
+    "nonzero",  # output or gradients all zero / not finite: the comparison would be vacuous
+    "output",  # CP output vs serial output
+    "input_grad",  # every input's grad vs serial
+    "param_grad",  # every parameter's grad, by name, vs serial
+    "loss",  # workflow: per-step loss vs serial
+    "weight_delta",  # workflow: parameter change after N optimizer steps vs serial
+    "rng_entropy",  # property: sharded draws disjoint, replicated draws identical
+    "dtype_path",  # property: the dtypes a Function/module really computes in
+)
+
+
+class ParityError(AssertionError):
+    """A check of the toolkit failed. ``check`` is the first failing check's name."""
+
+    def __init__(self, check: str, message: str, *, failed: Sequence[str] | None = None) -> None:
+        super().__init__(message)
+        self.check = check
+        self.failed: tuple[str, ...] = tuple(failed) if failed else (check,)
+
+
+class ToleranceError(ParityError):
+    """A tolerance looser than the table's row without a written reason."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("tolerance", message)
+
+
+class MismatchError(ParityError):
+    """CP values differ from the serial reference beyond the tolerance."""
+
+
+class ReplicationError(ParityError):
+    """A value that must be identical on every rank differs across ranks."""
+
+
+class VacuousError(ParityError):
+    """The comparison could pass on a broken implementation (zero grads, nothing sharded)."""
+
+
+class EntropyError(ParityError):
+    """An RNG entropy property is violated or was not exercised."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("rng_entropy", message)
+
+
+class DtypePathError(ParityError):
+    """A Function or module computed in a dtype other than the expected one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("dtype_path", message)
+
+
+def check_of(exc: BaseException) -> str:
+    """The check that an exception stands for: ``exc.check``, else ``error:<Type>``."""
+    if isinstance(exc, ParityError):
+        return exc.check
+    return f"error:{type(exc).__name__}"

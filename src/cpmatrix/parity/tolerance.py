@@ -1,0 +1,249 @@
+"""The one tolerance table, keyed by (dtype, autocast, path), and the loosening rule.
+
+A CP implementation and its serial twin run the same math in a different order, so they
+differ by rounding only. The table says how much rounding each cell's dtype allows. A case
+may loosen its row only with a written reason; the reason lands in the report, because
+needing a looser tolerance is itself a bug signal (seed rule 15: derive it from the error
+budget, never tune it until green).
+
+Example::
+
+    >>> tol = tolerance_for("fp64")
+    >>> (tol.rtol, tol.atol)
+    (1e-07, 1e-07)
+    >>> looser = tol.loosen(atol=1e-6, reason="sums 1e6 terms; error budget is n*eps*max|x|")
+    >>> resolve_tolerance(looser, dtype="fp64").atol
+    1e-06
+    >>> resolve_tolerance(Tolerance(rtol=1e-3, atol=1e-3), dtype="fp64")
+    Traceback (most recent call last):
+    ...
+    cpmatrix.parity.errors.ToleranceError: tolerance rtol=0.001, atol=0.001 is looser than ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from cpmatrix.parity.errors import ToleranceError
+
+__all__ = [
+    "TOLERANCE_TABLE",
+    "Tolerance",
+    "dtype_name",
+    "resolve_tolerance",
+    "table_markdown",
+    "tolerance_for",
+]
+
+#: Smallest reason accepted: a sentence, not "flaky" or "tbd".
+MIN_REASON_WORDS: Final = 3
+MIN_REASON_CHARS: Final = 12
+
+_DTYPE_ALIASES: Final = {
+    "fp64": "fp64",
+    "float64": "fp64",
+    "double": "fp64",
+    "torch.float64": "fp64",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tolerance:
+    """``rtol``/``atol`` as in ``torch.testing.assert_close``, with where they came from.
+
+    ``why`` says why a table row has these numbers; ``reason`` is the written reason of a
+    loosening (None for a table row). Build a looser one with :meth:`loosen`.
+
+    Example::
+
+        >>> tolerance_for("bf16").describe()
+        'rtol=0.016, atol=0.016 (table bf16/off/reference)'
+    """
+
+    rtol: float
+    atol: float
+    why: str = ""
+    source: str = "custom"
+    reason: str | None = None
+
+    def loosen(
+        self, *, rtol: float | None = None, atol: float | None = None, reason: str
+    ) -> Tolerance:
+        """A copy with larger ``rtol``/``atol``; refused (ToleranceError) without a reason."""
+        _require_reason(reason, f"loosening {self.describe()}")
+        new = Tolerance(
+            rtol=self.rtol if rtol is None else float(rtol),
+            atol=self.atol if atol is None else float(atol),
+            why=self.why,
+            source=f"loosened from {self.source}",
+            reason=reason.strip(),
+        )
+        _require_valid_numbers(new)
+        return new
+
+    def is_looser_than(self, other: Tolerance) -> bool:
+        return self.rtol > other.rtol or self.atol > other.atol
+
+    def describe(self) -> str:
+        text = f"rtol={self.rtol:.3g}, atol={self.atol:.3g} ({self.source})"
+        if self.reason:
+            text += f"; reason: {self.reason}"
+        return text
+
+
+def _row(dtype: str, autocast: bool, path: str, rtol: float, atol: float, why: str) -> Any:
+    key = (dtype, autocast, path)
+    source = f"table {dtype}/{'on' if autocast else 'off'}/{path}"
+    return key, Tolerance(rtol=rtol, atol=atol, why=why, source=source)
+
+
+_DEFAULT64 = "torch.testing.assert_close defaults for float64"
+_NO_AUTOCAST64 = "autocast never casts float64 tensors, so the math stays fp64: float64 defaults"
+_DEFAULT32 = "torch.testing.assert_close defaults for float32"
+_TF32 = (
+    "Triton's tl.dot rounds fp32 inputs to TF32 by default (eps 2**-10 = 9.8e-4); "
+    "2 eps, absolute at the toolkit's O(1) inputs"
+)
+_AUTOCAST32 = (
+    "autocast computes matmuls in bf16 on CPU (fp16 on CUDA, tighter): the bf16 row "
+    "applies even though tensors stay fp32"
+)
+_BF16 = (
+    "assert_close's bf16 rtol (2 eps); its atol=1e-5 is below one bf16 ulp at 1.0 "
+    "(7.8e-3), and a different reduction order near a cancellation is ~2 ulp absolute "
+    "at the toolkit's O(1) inputs"
+)
+_FP16 = (
+    "assert_close's fp16 rtol; atol = 2 fp16 ulp at 1.0 (2 * 9.8e-4) for the same "
+    "reduction-order reason as bf16"
+)
+
+#: THE table. Keys: (dtype name, autocast on?, path). Values: :class:`Tolerance` with ``why``.
+TOLERANCE_TABLE: Final[Mapping[tuple[str, bool, str], Tolerance]] = MappingProxyType(
+    dict(
+        [
+            _row("fp64", False, "reference", 1e-7, 1e-7, _DEFAULT64),
+            _row("fp64", True, "reference", 1e-7, 1e-7, _NO_AUTOCAST64),
+            _row("fp64", False, "kernel", 1e-7, 1e-7, _DEFAULT64),
+            _row("fp64", True, "kernel", 1e-7, 1e-7, _NO_AUTOCAST64),
+            _row("fp32", False, "reference", 1.3e-6, 1e-5, _DEFAULT32),
+            _row("fp32", True, "reference", 1.6e-2, 1.6e-2, _AUTOCAST32),
+            _row("fp32", False, "kernel", 2e-3, 2e-3, _TF32),
+            _row("fp32", True, "kernel", 1.6e-2, 1.6e-2, _AUTOCAST32),
+            _row("bf16", False, "reference", 1.6e-2, 1.6e-2, _BF16),
+            _row("bf16", True, "reference", 1.6e-2, 1.6e-2, _BF16),
+            _row("bf16", False, "kernel", 1.6e-2, 1.6e-2, _BF16),
+            _row("bf16", True, "kernel", 1.6e-2, 1.6e-2, _BF16),
+            _row("fp16", False, "reference", 1e-3, 2e-3, _FP16),
+            _row("fp16", True, "reference", 1e-3, 2e-3, _FP16),
+            _row("fp16", False, "kernel", 1e-3, 2e-3, _FP16),
+            _row("fp16", True, "kernel", 1e-3, 2e-3, _FP16),
+        ]
+    )
+)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.float64`` / ``"float64"`` / ``"fp64"`` -> ``"fp64"`` (ValueError otherwise)."""
+    name = _DTYPE_ALIASES.get(str(dtype))
+    if name is None:
+        allowed = ", ".join(sorted({v for v in _DTYPE_ALIASES.values()}))
+        raise ValueError(f"no tolerance row for dtype {dtype!r} (allowed: {allowed})")
+    return name
+
+
+def _autocast_flag(autocast: bool | str) -> bool:
+    if isinstance(autocast, str):
+        if autocast not in ("on", "off"):
+            raise ValueError(f"autocast must be a bool or 'on'/'off', got {autocast!r}")
+        return autocast == "on"
+    return bool(autocast)
+
+
+def tolerance_for(dtype: Any, autocast: bool | str = False, path: str = "reference") -> Tolerance:
+    """The table row for a cell: ``tolerance_for(cell.dtype, cell.autocast, cell.path)``.
+
+    Example::
+
+        >>> tolerance_for("fp32", autocast=True).rtol
+        0.016
+    """
+    key = (dtype_name(dtype), _autocast_flag(autocast), path)
+    try:
+        return TOLERANCE_TABLE[key]
+    except KeyError:
+        raise ValueError(
+            f"no tolerance row for path {path!r} (allowed: reference, kernel)"
+        ) from None
+
+
+def resolve_tolerance(
+    requested: Tolerance | None,
+    *,
+    dtype: Any,
+    autocast: bool | str = False,
+    path: str = "reference",
+) -> Tolerance:
+    """The tolerance a check uses: the table row, or ``requested`` if it is allowed.
+
+    ``requested`` may be tighter than the row freely; looser only with a written reason
+    (made by :meth:`Tolerance.loosen`), else :class:`ToleranceError`.
+    """
+    base = tolerance_for(dtype, autocast, path)
+    if requested is None:
+        return base
+    _require_valid_numbers(requested)
+    if requested.is_looser_than(base) and not _reason_ok(requested.reason):
+        raise ToleranceError(
+            f"tolerance rtol={requested.rtol:.3g}, atol={requested.atol:.3g} is looser than "
+            f"the {base.source} row (rtol={base.rtol:.3g}, atol={base.atol:.3g}) and has no "
+            f"written reason; use tolerance_for(...).loosen(atol=..., reason='why the error "
+            f"budget is larger'), or find the bug (a looser tolerance is a bug signal)"
+        )
+    return requested
+
+
+def table_markdown() -> str:
+    """The table as Markdown (the README shows exactly this; a test keeps them in sync)."""
+    lines = ["| dtype | autocast | path | rtol | atol | why |", "|---|---|---|---|---|---|"]
+    for (dtype, autocast, path), tol in TOLERANCE_TABLE.items():
+        on = "on" if autocast else "off"
+        lines.append(f"| {dtype} | {on} | {path} | {tol.rtol:g} | {tol.atol:g} | {tol.why} |")
+    return "\n".join(lines) + "\n"
+
+
+def _reason_ok(reason: str | None) -> bool:
+    if not isinstance(reason, str):
+        return False
+    text = reason.strip()
+    return len(text) >= MIN_REASON_CHARS and len(text.split()) >= MIN_REASON_WORDS
+
+
+def _require_reason(reason: object, what: str) -> None:
+    if not _reason_ok(reason if isinstance(reason, str) else None):
+        raise ToleranceError(
+            f"{what} needs a written reason (at least {MIN_REASON_WORDS} words, "
+            f"{MIN_REASON_CHARS} characters), got {reason!r}: say why the error budget is larger"
+        )
+
+
+def _require_valid_numbers(tol: Tolerance) -> None:
+    for name in ("rtol", "atol"):
+        value = getattr(tol, name)
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ToleranceError(f"tolerance {name} must be a finite number >= 0, got {value!r}")
