@@ -88,8 +88,10 @@ def test_allowed_keys_are_frozen() -> None:
         "defaults": ("mesh", "dtype", "autocast", "path"),
         "platform": ("backend", "device", "image", "env", "description"),
         "target": ("name", "case", "level", "kind", "tags", "timeout", "platforms", "axes",
-                   "params", "description"),
+                   "params", "description", "spill"),
         "target.axes": ("mesh", "dtype", "autocast", "path"),
+        "target.spill": ("signature", "table", "configs", "archs", "num_warps", "num_stages",
+                         "budget_bytes", "expect_spill"),
         "clause": ("target", "platform", "level", "mesh", "dtype", "autocast", "path"),
     }
 
@@ -104,11 +106,13 @@ def test_complete_example_uses_every_allowed_key_and_loads() -> None:
         "platform": {k for p in raw["platforms"].values() for k in p},
         "target": {k for t in raw["targets"] for k in t},
         "target.axes": {k for t in raw["targets"] for k in t.get("axes", {})},
+        "target.spill": {k for t in raw["targets"] for k in t.get("spill", {})},
         "clause": {k for c in raw["exclude"] + raw["include"] for k in c} - params,
     }
     assert used == {section: set(keys) for section, keys in ALLOWED_KEYS.items()}
     matrix = load_matrix(COMPLETE)
-    assert [t.name for t in matrix.targets] == ["ring_attention", "step_property"]
+    assert [t.name for t in matrix.targets] == ["ring_attention", "step_property",
+                                                "softmax_spill", "table_spill"]
     assert matrix.targets[1].kind == "property" and matrix.targets[1].timeout_s == 30
 
 
@@ -475,7 +479,7 @@ def test_spec_error_carries_its_parts() -> None:
     column = bad.index("kind: x") + len("kind: ") + 1
     assert (e.file, e.line, e.column, e.yaml_path) == ("inline.yaml", 5, column, "targets[0].kind")
     assert e.message == "unknown kind 'x'"
-    assert e.allowed == "parity, property"
+    assert e.allowed == "parity, property, spill"
 
 
 @pytest.mark.parametrize(

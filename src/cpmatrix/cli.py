@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .cli_run import cmd_run
         from .repro import cmd_repro
 
-        handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run,
+        handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run, "spill": cmd_run,
                    "repro": cmd_repro}[args.command]
         return int(handler(args))
     except SpecError as exc:

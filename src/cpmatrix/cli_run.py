@@ -34,15 +34,25 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
     p = sub.add_parser("run", help="run the selected cells in batched torchrun worlds")
     _add_selection(p)
-    p.set_defaults(platform="cpu")
+    p.set_defaults(platform="cpu", only_kind=None)
+    _add_run_options(p)
+    s = sub.add_parser("spill", help="run only the Triton register-spill gates (kind: spill)")
+    _add_selection(s)
+    s.set_defaults(platform=None, only_kind="spill", mutants=False)
+    _add_run_options(s, spill=True)
+
+
+def _add_run_options(p: argparse.ArgumentParser, spill: bool = False) -> None:
     p.add_argument("--out", default="out", help="output folder (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="cells per torchrun world (default: one world per platform x world size)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worlds run at once")
     p.add_argument("--runner", default="local", choices=(*runner_names(), "auto"),
                    help="how worlds are launched (default: %(default)s)")
-    p.add_argument("--mutants", action="store_true",
-                   help="also run each cell once per declared mutant; a surviving mutant fails")
+    if not spill:
+        p.add_argument("--mutants", action="store_true",
+                       help="also run each cell once per declared mutant; a surviving mutant "
+                       "fails")
     p.add_argument("--abort-grace", type=float, default=5.0, metavar="S",
                    help="seconds to wait for the other ranks after one rank fails a cell")
     p.add_argument("--dry-run", action="store_true", help="print the plan; run nothing")
@@ -126,7 +136,7 @@ def visible_cuda_devices() -> int:
 def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
     """Import each case once (in a subprocess: torch stays out of this process) and
     read the mutants it declares (``fn.__cpmatrix_mutants__``)."""
-    cases = sorted({c.case for c in cells})
+    cases = sorted({c.case for c in cells if c.kind != "spill"})
     code = (
         "import importlib, json, sys\n"
         f"sys.path[:0] = {list(matrix.pythonpath)!r}\n"
@@ -147,7 +157,7 @@ def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     per_cell: dict[str, list[str]] = {}
     for c in cells:
-        declared = found.get(c.case, [])
+        declared = found.get(c.case, []) if c.kind != "spill" else []
         names = declared if isinstance(declared, list) else []
         # The unmutated run comes first: a mutant is only "killed" against a green cell.
         per_cell[c.id] = ["", *names]
@@ -161,12 +171,15 @@ def _cache_for(
     """Cached passes for ``cells`` and a function that stores new passes."""
     if args.no_cache:
         return {}, None
-    cache = ResultCache(Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir())
+    cache = ResultCache(cache_root(args))
     keys = ActionKeys(search_path=options.pythonpath)
     identity = options.runner.identity()
     allow = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    # A spill cell's numbers also depend on the Triton (and so ptxas) version.
+    compiler = {"triton": _version("triton")} if any(c.kind == "spill" for c in cells) else {}
     digests = {
-        c.id: keys.digest(c, runner_identity=identity,
+        c.id: keys.digest(c, runner_identity={**identity, **(compiler if c.kind == "spill"
+                                                             else {})},
                           env={**allow, **dict(platforms[c.platform].env)})
         for c in cells
     }
@@ -186,6 +199,19 @@ def _cache_for(
     return hits, store
 
 
+def cache_root(args: argparse.Namespace) -> Path:
+    return Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir()
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "absent"
+
+
 def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
     batches = plan_batches(cells, durations=load_durations(out), batch_size=args.batch_size,
                            keep_order=args.keep_order)
@@ -200,6 +226,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .cli import nothing_selected, select_from_args
 
     matrix, expansion, cells = select_from_args(args)
+    if args.only_kind:
+        cells = [c for c in cells if c.kind == args.only_kind]
     if not cells:
         print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
@@ -212,13 +240,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_plan(cells, args, out)
         return ExitCode.OK
-    needs_cuda = any(platforms[c.platform].device == "cuda" for c in cells)
+    needs_cuda = any(platforms[c.platform].device == "cuda" and c.kind != "spill"
+                     for c in cells)
     gpus = args.gpus if args.gpus is not None else (visible_cuda_devices() if needs_cuda else 0)
     if needs_cuda:
         if gpus == 0:
             raise UsageError("the selection has cuda cells but no CUDA device is visible "
                              "(use --dry-run to check the plan on a CPU machine)")
-        widest = max(c.world_size for c in cells if platforms[c.platform].device == "cuda")
+        widest = max(c.world_size for c in cells
+                     if platforms[c.platform].device == "cuda" and c.kind != "spill")
         if widest > gpus:
             raise UsageError(f"a {widest}-rank cuda cell needs {widest} devices; {gpus} visible")
     runner, why = resolve_runner(args.runner, platforms[cells[0].platform])
@@ -232,6 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         report = run_cells(
             cells, platforms, options, batch_size=args.batch_size, jobs=args.jobs,
             devices=gpus, mutants=mutants, keep_order=args.keep_order, cached=cached, store=store,
+            spill_cache=None if args.no_cache else cache_root(args) / "spill",
             on_start=progress.start, on_result=progress.update,
         )
     finally:

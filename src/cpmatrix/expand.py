@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -270,6 +271,11 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None) -> E
                 "path": path, "params": params, "platform": platform,
                 "timeout_s": target.timeout_s, "tags": target.tags,
             }
+            if target.spill is not None:
+                p = dict(params)
+                fields["spill"] = json.dumps(
+                    target.spill.for_cell(target.case, str(p["config"]), str(p["arch"])),
+                    sort_keys=True)
             probe = Cell(**fields)
             broken = next((k for k in CONSTRAINTS if k.reject(probe)), None)
             if broken is not None:

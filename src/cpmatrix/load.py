@@ -37,6 +37,7 @@ from .spec import (
     Mesh,
     Platform,
     Scalar,
+    SpillBlock,
     Target,
     timeout_seconds,
 )
@@ -63,8 +64,19 @@ ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
         "axes",
         "params",
         "description",
+        "spill",
     ),
     "target.axes": ("mesh", "dtype", "autocast", "path"),
+    "target.spill": (
+        "signature",
+        "table",
+        "configs",
+        "archs",
+        "num_warps",
+        "num_stages",
+        "budget_bytes",
+        "expect_spill",
+    ),
     "clause": ("target", "platform", "level", "mesh", "dtype", "autocast", "path"),
 }
 
@@ -355,6 +367,24 @@ def _target(
     description = ""
     if "description" in fields:
         description = ctx.string(fields["description"][1], f"{path}.description")
+    spill: SpillBlock | None = None
+    if kind == "spill":
+        if "spill" not in fields:
+            raise ctx.error(node, path, "a kind: spill target needs a 'spill' block",
+                            ", ".join(ALLOWED_KEYS["target.spill"]))
+        for key in ("axes", "params"):
+            if key in fields:
+                raise ctx.error(fields[key][0], f"{path}.{key}",
+                                f"a spill target takes no {key!r}: its cells are one per "
+                                "(config, arch) of its 'spill' block")
+        spill = _spill_block(ctx, fields["spill"][1], f"{path}.spill")
+        axes = {"mesh": ("1x1",), "dtype": ("fp32",), "autocast": ("off",),
+                "path": ("kernel",)}
+        params = [("config", tuple(name for name, _ in spill.configs)),
+                  ("arch", spill.archs)]
+    elif "spill" in fields:
+        raise ctx.error(fields["spill"][0], f"{path}.spill",
+                        "a 'spill' block needs kind: spill")
     return Target(
         name=name,
         case=case,
@@ -368,7 +398,76 @@ def _target(
         description=description,
         where=_where(ctx, node),
         case_at=(case_node.start_mark.line + 1, case_node.start_mark.column + 1),
+        spill=spill,
     )
+
+
+def _spill_block(ctx: _Ctx, node: yaml.Node, path: str) -> SpillBlock:
+    """The ``spill:`` block of a ``kind: spill`` target."""
+    from .spill._spec import ARCHS  # stdlib-only module: no torch, no triton
+
+    values: dict[str, object] = {}
+    nodes: dict[str, yaml.Node] = {}
+    for key, _, value_node in ctx.mapping(node, path, ALLOWED_KEYS["target.spill"]):
+        nodes[key] = value_node
+    if "signature" in nodes:
+        sig: list[tuple[str, str]] = []
+        for name, key_node, value_node in ctx.mapping(nodes["signature"], f"{path}.signature",
+                                                      None):
+            if not _ENV_RE.match(name):
+                raise ctx.error(key_node, f"{path}.signature.{name}",
+                                f"bad parameter name {name!r}")
+            sig.append((name, ctx.string(value_node, f"{path}.signature.{name}")))
+        values["signature"] = tuple(sig)
+    if "table" in nodes:
+        values["table"] = ctx.string(nodes["table"], f"{path}.table")
+        if not _ENV_RE.match(str(values["table"])):
+            raise ctx.error(nodes["table"], f"{path}.table",
+                            f"bad table name {values['table']!r}", "a module attribute name")
+    if ("signature" in values) == ("table" in values):
+        raise ctx.error(node, path, "give exactly one of 'signature' (with 'configs') or "
+                        "'table' (a SPILL_SPECS-style dict in the kernel's module)")
+    if "configs" in nodes:
+        configs: list[tuple[str, tuple[tuple[str, Scalar], ...]]] = []
+        for name, key_node, value_node in ctx.mapping(nodes["configs"], f"{path}.configs", None):
+            cpath = f"{path}.configs.{name}"
+            if not VALUE_RE.match(name):
+                raise ctx.error(key_node, cpath, f"bad config name {name!r}",
+                                "letters, digits, '_', '.', '+' and '-'")
+            consts = tuple((k, ctx.scalar(v, f"{cpath}.{k}"))
+                           for k, _, v in ctx.mapping(value_node, cpath, None))
+            configs.append((name, consts))
+        if not configs:
+            raise ctx.error(nodes["configs"], f"{path}.configs", "no config declared")
+        values["configs"] = tuple(configs)
+    elif "signature" in values:
+        raise ctx.error(node, path, "a 'signature' needs 'configs' (name -> constexpr values)")
+    if "archs" in nodes:
+        archs = []
+        for value, item, ipath in ctx.scalar_list(nodes["archs"], f"{path}.archs"):
+            if value not in ARCHS:
+                raise ctx.error(item, ipath, f"unknown arch {value!r}", ", ".join(ARCHS))
+            if value in archs:
+                raise ctx.error(item, ipath, f"duplicate arch {value!r}")
+            archs.append(str(value))
+        values["archs"] = tuple(archs)
+    for key, low in (("num_warps", 1), ("num_stages", 1), ("budget_bytes", 0)):
+        if key in nodes:
+            v = ctx.scalar(nodes[key], f"{path}.{key}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ctx.error(nodes[key], f"{path}.{key}", f"bad {key} {v!r}",
+                                f"an integer >= {low}")
+            if key == "num_warps" and v & (v - 1):
+                raise ctx.error(nodes[key], f"{path}.{key}", f"num_warps {v} is not a power "
+                                "of two", "1, 2, 4, 8, 16, 32")
+            values[key] = v
+    if "expect_spill" in nodes:
+        v = ctx.scalar(nodes["expect_spill"], f"{path}.expect_spill")
+        if not isinstance(v, bool):
+            raise ctx.error(nodes["expect_spill"], f"{path}.expect_spill",
+                            f"expected true or false, got {v!r}")
+        values["expect_spill"] = v
+    return SpillBlock(**values)  # type: ignore[arg-type]  # each value checked above
 
 
 def _same_scalar(a: Scalar, b: Scalar) -> bool:

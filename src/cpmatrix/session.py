@@ -22,6 +22,7 @@ from .fsutil import atomic_write_json, read_json
 from .junit import merge_junit, results_to_junit, write_junit
 from .plan import DevicePool, plan_batches
 from .result import FailureKind, Result, Status
+from .spill_exec import run_spill_cells
 from .spec import Cell, Platform
 from .supervise import Entry, WorldOptions, WorldRun
 
@@ -90,6 +91,7 @@ def run_cells(
     keep_order: bool = False,
     cached: Mapping[str, Result] | None = None,
     store: Callable[[Cell, Result], None] | None = None,
+    spill_cache: Path | None = None,
     on_result: Callable[[Entry, Result], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> RunReport:
@@ -97,13 +99,16 @@ def run_cells(
     out = options.out_root
     out.mkdir(parents=True, exist_ok=True)
     # A previous run's worlds and cell folders would be read as this run's progress.
-    for stale in ("worlds", "cells"):
+    for stale in ("worlds", "cells", "spill"):
         shutil.rmtree(out / stale, ignore_errors=True)
     t0 = time.monotonic()
     durations = load_durations(out)
     cached = cached or {}
     hits = [c for c in cells if c.id in cached and not mutants]
-    batches = plan_batches([c for c in cells if not (c.id in cached and not mutants)],
+    # Spill cells compile a kernel; they need no world (and have no mutants).
+    spill_cells = [c for c in cells if c.kind == "spill" and c.id not in cached]
+    batches = plan_batches([c for c in cells if not (c.id in cached and not mutants)
+                            and c.kind != "spill"],
                            durations=durations, batch_size=batch_size, mutants=mutants,
                            keep_order=keep_order)
     planned: list[Entry] = []
@@ -113,7 +118,7 @@ def run_cells(
         planned.extend(entries)
         queue.append(_Item(batch=b.name, entries=entries))
     if on_start is not None:
-        on_start(len(planned) + len(hits))
+        on_start(len(planned) + len(hits) + len(spill_cells))
 
     results: dict[str, Result] = {}
     first_crash: dict[str, Result] = {}
@@ -148,6 +153,7 @@ def run_cells(
                                  message=f"{first.message}; failed again when retried alone "
                                  f"({result.headline()})".lstrip("; "))
         elif (entry.attempt == 1 and result.kind is FailureKind.CRASH
+              and entry.cell.kind != "spill"
               and not result.message.startswith("could not start")):
             # Crashed: retry alone once, to tell FLAKY from FAILED.
             first_crash[key] = result
@@ -159,6 +165,15 @@ def run_cells(
         by_batch.setdefault(item.batch.removesuffix("-retry"), []).append(key)
         if on_result is not None:
             on_result(entry, result)
+
+    if spill_cells:
+        spill_item = _Item(batch="spill", entries=[])
+        for cell, result in run_spill_cells(spill_cells, out_root=out,
+                                            search_path=options.pythonpath,
+                                            cache_dir=spill_cache, python=options.python):
+            entry = Entry(cell=cell)
+            planned.append(entry)
+            finish(spill_item, entry, result)
 
     try:
         while queue or active:

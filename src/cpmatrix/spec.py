@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "Mesh",
     "Platform",
     "Scalar",
+    "SpillBlock",
     "Target",
     "timeout_seconds",
 ]
@@ -42,7 +44,7 @@ DTYPES: Final = ("fp64", "fp32", "bf16", "fp16")
 AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
 #: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
-KINDS: Final = ("parity", "property")
+KINDS: Final = ("parity", "property", "spill")
 #: The standard axes, in the order they appear in a cell id.
 AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
 #: Bazel's test-size timeouts, per cell.
@@ -122,6 +124,37 @@ class Platform:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpillBlock:
+    """What a ``kind: spill`` target compiles: a Triton kernel's signature and configs.
+
+    Each (config, arch) pair becomes one cell with extra axes ``config`` and ``arch``.
+    ``table`` names a ``SPILL_SPECS``-style dict in the kernel's module instead of an
+    explicit ``signature``; a config then overrides the table entry's constexprs.
+    """
+
+    signature: tuple[tuple[str, str], ...] = ()
+    table: str = ""
+    #: config name -> constexpr values.
+    configs: tuple[tuple[str, tuple[tuple[str, Scalar], ...]], ...] = (("default", ()),)
+    archs: tuple[str, ...] = ("sm_80", "sm_90a")
+    num_warps: int = 4
+    num_stages: int = 3
+    budget_bytes: int = 0
+    #: A declared negative control: the gate passes only if the kernel DOES spill.
+    expect_spill: bool = False
+
+    def for_cell(self, kernel: str, config: str, arch: str) -> dict[str, object]:
+        """The JSON-ready spec of one (config, arch) cell."""
+        constexprs = dict(dict(self.configs)[config])
+        return {
+            "kernel": kernel, "signature": dict(self.signature), "table": self.table,
+            "constexprs": constexprs, "arch": arch, "num_warps": self.num_warps,
+            "num_stages": self.num_stages, "budget_bytes": self.budget_bytes,
+            "expect_spill": self.expect_spill,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """One rule of the matrix: a case and the axis values it is expanded over."""
 
@@ -143,6 +176,8 @@ class Target:
     where: str = ""
     #: (line, column) of the ``case`` value, so a missing case module is reported there.
     case_at: tuple[int, int] = (0, 0)
+    #: For ``kind: spill``: the kernel's compile spec (``case`` names the kernel).
+    spill: SpillBlock | None = None
 
     def axis(self, name: str) -> tuple[str, ...]:
         for key, values in self.axes:
@@ -223,6 +258,8 @@ class Cell:
     timeout_s: int
     tags: tuple[str, ...]
     digest: str = field(compare=False, default="")
+    #: For spill cells: the canonical JSON of the compile spec (see SpillBlock.for_cell).
+    spill: str = ""
 
     @property
     def world_size(self) -> int:
@@ -269,6 +306,7 @@ class Cell:
             "timeout_s": self.timeout_s,
             "digest": self.digest,
             "params": dict(self.params),
+            **({"spill": json.loads(self.spill)} if self.spill else {}),
         }
 
     @classmethod
@@ -291,4 +329,5 @@ class Cell:
             timeout_s=int(str(d["timeout_s"])),
             tags=tuple(str(t) for t in tags),
             digest=str(d.get("digest", "")),
+            spill=json.dumps(d["spill"], sort_keys=True) if d.get("spill") else "",
         )
