@@ -22,8 +22,8 @@ from .fsutil import atomic_write_json, read_json
 from .junit import merge_junit, results_to_junit, write_junit
 from .plan import DevicePool, plan_batches
 from .result import FailureKind, Result, Status
-from .spill_exec import run_spill_cells
 from .spec import Cell, Platform
+from .spill_exec import run_spill_cells
 from .supervise import Entry, WorldOptions, WorldRun
 
 __all__ = ["RunReport", "load_durations", "run_cells"]
