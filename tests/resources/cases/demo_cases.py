@@ -31,3 +31,14 @@ def evidence(cell):
     cell.record("rank", cell.rank)  # differs per rank: reported as rank@rankN
     os.environ["LEAK_FROM_CASE"] = "1"  # the worker must restore the environment
     (cell.out_dir / "note.txt").write_text("written by the case")
+
+
+def interfaces(cell):
+    """Records the network interfaces this rank can see (hermetic runners: only lo)."""
+    import socket
+
+    cell.record("interfaces", ",".join(sorted(name for _, name in socket.if_nameindex())))
+    x = torch.randn(16, generator=cell.generator, dtype=torch.float64)
+    y = x.clone()
+    dist.all_reduce(y, group=cell.mesh.get_group("cp1"))
+    cell.record("checksum", float((y * torch.arange(16, dtype=torch.float64)).sum()))
