@@ -22,8 +22,10 @@ import nox
 import yaml
 
 ROOT = Path(__file__).parent
-MATRIX = ROOT / "matrix" / "parity.yaml"
+#: The matrix the sessions come from; CPMATRIX_MATRIX points them at another one.
+MATRIX = Path(os.environ.get("CPMATRIX_MATRIX", ROOT / "matrix" / "parity.yaml")).resolve()
 nox.options.sessions = ["parity-cpu"]
+nox.options.default_venv_backend = "none"
 nox.options.error_on_missing_interpreters = False
 
 
@@ -43,6 +45,15 @@ def _cuda_devices() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def _choose_runner(platform: str) -> tuple[str, str]:
+    """docker when an engine answers (and the image is built), else sandbox, else local."""
+    from cpmatrix.cli_run import resolve_runner
+    from cpmatrix.load import load_matrix
+
+    runner, why = resolve_runner("auto", load_matrix(MATRIX).platform(platform))
+    return runner.name, why
+
+
 def _out(name: str) -> str:
     return str(ROOT / "out" / name)
 
@@ -56,9 +67,11 @@ def _make_parity_session(platform: str, spec: dict[str, object]) -> None:
             session.log(f"parity-{platform}: no CUDA device is visible on this machine; "
                         f"check the plan with: cpmatrix run --platform {platform} --dry-run")
             sys.exit(2)
+        runner, why = _choose_runner(platform)
+        session.log(f"runner: {runner} ({why})")
         out = _out(f"parity-{platform}")
         session.run("cpmatrix", "run", "--matrix", str(MATRIX), "--platform", platform,
-                    "--runner", "auto", "--out", out, *session.posargs, external=True)
+                    "--runner", runner, "--out", out, *session.posargs, external=True)
         session.log(f"merged report: {out}/report.xml (html: cpmatrix report --out {out})")
 
     parity.__doc__ = (f"Run the {platform} parity matrix ({spec.get('backend')}, "
