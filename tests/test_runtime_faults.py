@@ -120,3 +120,19 @@ def test_launcher_without_torch_fails_cells_with_the_error(tmp_path: Path) -> No
         assert "could not start a world" in r["message"]
         assert "No module named" in r["stderr_tails"]["-1"]
     assert "could not start a world" in output
+
+
+@pytest.mark.slow
+def test_a_cell_finishing_during_its_timeout_handling_gets_one_result(tmp_path: Path) -> None:
+    """Regression: the cell completed while its stacks were being dumped and was reported
+    twice (PASSED, then TIMEOUT). Each planned cell must end as exactly one result."""
+    rc, output, _ = run_cli("run", "--matrix", str(RES / "race.yaml"), "--keep-order",
+                            "--out", str(tmp_path / "out"), "--plain", "--no-cache")
+    ids = ["a_sleepy[unit,1x2,fp64,autocast=off,reference,secs=2.6]@cpu",
+           "b_after[unit,1x2,fp64,autocast=off,reference]@cpu"]
+    by_id = check_report(tmp_path / "out", ids)
+    assert len(json.loads((tmp_path / "out" / "results.json").read_text())) == 2
+    assert output.count(ids[0]) == 1 + (rc == 1), output  # progress line (+ failure block)
+    assert by_id[ids[0]]["status"] in ("passed", "timeout")
+    assert by_id[ids[1]]["status"] == "passed"
+    assert "second result" not in output

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -137,6 +138,11 @@ def run_cells(
 
     def finish(item: _Item, entry: Entry, result: Result) -> None:
         key = entry.key
+        if key in results:
+            # Never two results for one cell: the first one stands.
+            print(f"cpmatrix: internal: a second result for {key} was dropped "
+                  f"({result.status.value})", file=sys.stderr)
+            return
         if entry.mutant:
             result = interpret_mutant(result)
         elif entry.attempt > 1 and key in first_crash:

@@ -472,6 +472,11 @@ class WorldRun:
         self._kill()
         self._read_progress()
         self._collect_complete()
+        if i in self._reported:
+            # Every rank finished the cell while we were dumping stacks: its result is
+            # already in. The world is gone all the same; the rest runs in a fresh one.
+            self._hand_back()
+            return
         outs = {r: self._dones.get((i, r)) for r in range(self.world_size)}
         missing = [r for r, o in outs.items() if o is None]
         stacks = {r: _read_text(self.options.out_root / entry.out_dir / f"rank{r}" / "stacks.txt")

@@ -42,3 +42,11 @@ def interfaces(cell):
     y = x.clone()
     dist.all_reduce(y, group=cell.mesh.get_group("cp1"))
     cell.record("checksum", float((y * torch.arange(16, dtype=torch.float64)).sum()))
+
+
+def sleepy(cell):
+    """Finishes a little after its timeout: while the supervisor dumps the stacks."""
+    import time
+
+    time.sleep(float(cell.params["secs"]))
+    cell.record("slept", float(cell.params["secs"]))
