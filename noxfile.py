@@ -72,7 +72,7 @@ def _make_parity_session(platform: str, spec: dict[str, object]) -> None:
         out = _out(f"parity-{platform}")
         session.run("cpmatrix", "run", "--matrix", str(MATRIX), "--platform", platform,
                     "--runner", runner, "--out", out, *session.posargs, external=True)
-        session.log(f"merged report: {out}/report.xml (html: cpmatrix report --out {out})")
+        session.log(f"merged report: {out}/report.xml, html: {out}/report.html")
 
     parity.__doc__ = (f"Run the {platform} parity matrix ({spec.get('backend')}, "
                       f"{device}); extra args go to `cpmatrix run`.")
@@ -113,7 +113,7 @@ def mutants(session: nox.Session) -> None:
 def report(session: nox.Session) -> None:
     """Render out/parity-cpu/report.xml as a self-contained report.html."""
     out = session.posargs[0] if session.posargs else _out("parity-cpu")
-    session.run("cpmatrix", "report", "--out", out, external=True)
+    session.run("cpmatrix", "report", "--report", out, external=True)
 
 
 @nox.session(venv_backend="none")

@@ -58,11 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_show.add_argument("cell_id")
     p_show.add_argument("--matrix", default=DEFAULT_MATRIX)
 
+    from .cli_report import add_report_parsers
     from .cli_run import add_run_parser
     from .repro import add_repro_parser
 
     add_run_parser(sub)
     add_repro_parser(sub)
+    add_report_parsers(sub)
     return parser
 
 
@@ -148,10 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        from .cli_report import cmd_gate, cmd_report
         from .cli_run import cmd_run
         from .repro import cmd_repro
 
         handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run, "spill": cmd_run,
+                   "gate": cmd_gate, "report": cmd_report,
                    "repro": cmd_repro}[args.command]
         return int(handler(args))
     except SpecError as exc:

@@ -199,6 +199,17 @@ def _cache_for(
     return hits, store
 
 
+def _write_html(out: Path) -> None:
+    """report.html beside report.xml; a rendering problem never fails the run."""
+    from .gate import ReportError
+    from .report_html import write_html
+
+    try:
+        write_html(out / "report.xml", out / "report.html")
+    except (ReportError, OSError) as exc:
+        print(f"warning: report.html not written: {exc}", file=sys.stderr)
+
+
 def cache_root(args: argparse.Namespace) -> Path:
     return Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir()
 
@@ -267,6 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     finally:
         progress.stop()
+    _write_html(out)
     print(format_summary(report, os.path.relpath(out)))
     if mutants is not None:
         print(report.mutant_line())

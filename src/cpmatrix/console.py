@@ -123,5 +123,5 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         f"{report.wall_s:.1f} s ({report.worlds} planned worlds, {report.world_starts} "
         f"world starts) ===="
     )
-    lines.append(f"report: {out_dir}/report.xml")
+    lines.append(f"report: {out_dir}/report.xml (html: {out_dir}/report.html)")
     return "\n".join(lines)

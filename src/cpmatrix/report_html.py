@@ -1,0 +1,459 @@
+"""``report.html``: the whole matrix on one self-contained page (no network, no files).
+
+Totals first, then every cell that did not pass with its traceback (``<details>``), then
+the grid: one row per target (grouped by level), one column per mesh, and in each grid
+cell one small square per cell, in a row per dtype, colored by status. Hovering a square
+shows its evidence (errors against tolerance, spill bytes, failing ranks, message);
+clicking pins it in a panel, and ``report.html#cell=<id>`` opens a cell directly. Mutant
+runs are listed with the kill rate. All text from the report is escaped.
+
+Example::
+
+    >>> from pathlib import Path
+    >>> write_html(Path("out/report.xml"), Path("out/report.html"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from .fsutil import atomic_write_bytes
+from .gate import ReportCell, read_report
+from .result import Status
+from .spec import DTYPES, LEVELS
+
+__all__ = ["STATUS_COLORS", "render_html", "write_html"]
+
+#: Fill color per status (also the legend); chosen to stay apart for common color blindness
+#: by lightness as well as hue (crash is dark, cached light).
+STATUS_COLORS: Final = {
+    Status.PASSED: "#2f9e44",
+    Status.CACHED: "#8fd9c2",
+    Status.FAILED: "#e03131",
+    Status.FLAKY: "#f08c00",
+    Status.TIMEOUT: "#7048e8",
+    Status.CRASH: "#7a0e0e",
+    Status.SKIPPED: "#adb5bd",
+}
+#: Failures in the order a reader should look at them (as the console summary does).
+_BAD_ORDER: Final = (Status.CRASH, Status.TIMEOUT, Status.FAILED, Status.FLAKY)
+_MESH_RE: Final = re.compile(r"^(\d+)x(\d+)\Z")
+_NO_MESH: Final = "-"
+#: Evidence shown first (and in the hover text), as ``(error, its tolerance)`` pairs.
+_ERROR_PAIRS: Final = (("max_abs", "atol"), ("max_rel", "rtol"), ("max_abs_diff", "atol"),
+                       ("max_rel_diff", "rtol"), ("max_abs_err", "atol"))
+_SPILL_KEYS: Final = ("spill_store_bytes", "spill_load_bytes", "budget_bytes", "registers",
+                      "stack_bytes")
+_HOVER_OTHER: Final = 6
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _short(value: str) -> str:
+    """A recorded number with 3 significant digits (the panel keeps the full value)."""
+    try:
+        return f"{float(value):.3g}"
+    except ValueError:
+        return value
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def evidence_lines(cell: ReportCell) -> list[str]:
+    """The evidence a reader wants first, one line each: errors vs tolerance, spills.
+
+    >>> c = ReportCell(name="x", status=Status.PASSED, properties={
+    ...     "evidence.parity.max_abs": "3e-08", "evidence.parity.atol": "1e-07"})
+    >>> evidence_lines(c)
+    ['parity.max_abs = 3e-08  (atol 1e-07)']
+    """
+    ev = cell.evidence
+    lines: list[str] = []
+    for key in ev:
+        label, _, leaf = key.rpartition(".")
+        for err, tol in _ERROR_PAIRS:
+            if leaf == err:
+                tol_key = f"{label}.{tol}" if label else tol
+                tol_text = f"  ({tol} {_short(ev[tol_key])})" if tol_key in ev else ""
+                lines.append(f"{key} = {_short(ev[key])}{tol_text}")
+    if any(k in ev for k in _SPILL_KEYS[:2]):
+        lines.append(
+            f"spill stores {ev.get('spill_store_bytes', '-')} B, loads "
+            f"{ev.get('spill_load_bytes', '-')} B (budget {ev.get('budget_bytes', '0')} B)"
+            + (f", {ev['registers']} registers" if "registers" in ev else "")
+            + (f", stack {ev['stack_bytes']} B" if "stack_bytes" in ev else ""))
+    return lines
+
+
+def hover_text(cell: ReportCell, mutants: Sequence[ReportCell] = ()) -> str:
+    """The ``title`` of a square: id, status, evidence, ranks, message (plain text)."""
+    p = cell.properties
+    head = f"{cell.status.value.upper()}  {cell.cell_id}"
+    lines = [head, f"{cell.axis('dtype')} · autocast={cell.axis('autocast')} · "
+             f"{cell.axis('path')}" + (f" · {cell.axis('params')}" if cell.axis('params') else "")]
+    if p.get("failing_ranks"):
+        lines.append(f"failing ranks: {p['failing_ranks']}")
+    if cell.headline or p.get("message"):
+        lines.append(cell.headline or p["message"])
+    lines += evidence_lines(cell)
+    shown = {ln.split(" ", 1)[0] for ln in lines}
+    # The per-check verdict lines are long prose: the click panel has them.
+    other = [f"{k} = {v}" for k, v in cell.evidence.items() if k not in shown
+             and ".check." not in k and not k.endswith(("tol", ".tolerance"))
+             and not k.startswith(_SPILL_KEYS)]
+    lines += other[:_HOVER_OTHER] + ([f"... {len(other) - _HOVER_OTHER} more (click)"]
+                                     if len(other) > _HOVER_OTHER else [])
+    if mutants:
+        killed = sum(1 for m in mutants if m.evidence.get("mutant_outcome") == "killed")
+        lines.append(f"mutants: {killed}/{len(mutants)} killed")
+    lines.append(f"{p.get('duration') or cell.time} s"
+                 + (f", {p['attempts']} attempts" if p.get("attempts", "1") != "1" else ""))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _mesh_key(mesh: str) -> tuple[int, int, int, str]:
+    m = _MESH_RE.match(mesh)
+    if m is None:  # spill cells and foreign ids have no mesh: last column
+        return (1 << 30, 0, 0, mesh)
+    r, c = int(m.group(1)), int(m.group(2))
+    return (r * c, r, c, mesh)
+
+
+def _order(values: Iterable[str], known: Sequence[str]) -> list[str]:
+    """Known values in their canonical order, then the others alphabetically."""
+    vals = set(values)
+    return [v for v in known if v in vals] + sorted(vals - set(known))
+
+
+def _square(index: int, cell: ReportCell, mutants: Sequence[ReportCell]) -> str:
+    # The glyph tells squares of one dtype row apart without hovering.
+    glyph = ("a" if cell.axis("autocast") == "on" else "") + (
+        "k" if cell.axis("path") == "kernel" else "")
+    survived = any(m.evidence.get("mutant_outcome") != "killed" for m in mutants)
+    extra = ' data-mutants="survived"' if survived else ""
+    return (f'<button class="sq" type="button" data-i="{index}" '
+            f'data-status="{cell.status.value}"{extra} title="{_e(hover_text(cell, mutants))}">'
+            f"{_e(glyph)}</button>")
+
+
+def _grid(cells: Sequence[ReportCell], mutants: dict[str, list[ReportCell]]) -> str:
+    index = {id(c): i for i, c in enumerate(cells)}
+    meshes = sorted({c.axis("mesh") or _NO_MESH for c in cells}, key=_mesh_key)
+    platforms = {c.platform for c in cells}
+    rows: dict[tuple[str, str, str], list[ReportCell]] = defaultdict(list)
+    for c in cells:
+        rows[(c.axis("level"), c.axis("target"), c.platform)].append(c)
+    out = ['<table class="grid"><thead><tr><th class="corner">target</th>']
+    out += [f'<th class="mesh">{_e(m)}</th>' for m in meshes]
+    out.append("</tr></thead><tbody>")
+    for level in _order({k[0] for k in rows}, LEVELS):
+        out.append(f'<tr class="level"><th colspan="{len(meshes) + 1}">'
+                   f"{_e(level or 'other')}</th></tr>")
+        for key in sorted(k for k in rows if k[0] == level):
+            out.append(_grid_row(key, rows[key], meshes, len(platforms) > 1, index, mutants))
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _grid_row(key: tuple[str, str, str], cells: list[ReportCell], meshes: list[str],
+              show_platform: bool, index: dict[int, int],
+              mutants: dict[str, list[ReportCell]]) -> str:
+    _, target, platform = key
+    counts = Counter(c.status for c in cells)
+    summary = " ".join(f'<span class="n" data-status="{s.value}">{counts[s]}</span>'
+                       for s in Status if counts[s])
+    tags = cells[0].tags
+    label = _e(target) + (f' <span class="plat">@{_e(platform)}</span>' if show_platform else "")
+    tag_html = "".join(f'<span class="tag">{_e(t)}</span>' for t in tags)
+    out = [f'<tr class="target" data-target="{_e(target)}"><th><div class="tname">{label}</div>'
+           f'<div class="tmeta">{tag_html}{summary}</div></th>']
+    by_mesh: dict[str, list[ReportCell]] = defaultdict(list)
+    for c in cells:
+        by_mesh[c.axis("mesh") or _NO_MESH].append(c)
+    for mesh in meshes:
+        here = by_mesh.get(mesh, [])
+        if not here:
+            out.append('<td class="empty"></td>')
+            continue
+        out.append("<td>")
+        for dtype in _order({c.axis("dtype") for c in here}, DTYPES):
+            group = sorted((c for c in here if c.axis("dtype") == dtype),
+                           key=lambda c: (c.axis("path"), c.axis("autocast"), c.axis("params")))
+            squares = "".join(_square(index[id(c)], c, mutants.get(c.cell_id, ()))
+                              for c in group)
+            out.append(f'<div class="dt"><span class="dtl">{_e(dtype or "·")}</span>'
+                       f"{squares}</div>")
+        out.append("</td>")
+    out.append("</tr>")
+    return "".join(out)
+
+
+def _failures(runs: Sequence[ReportCell]) -> str:
+    bad = [c for c in runs if c.status in _BAD_ORDER]
+    bad.sort(key=lambda c: _BAD_ORDER.index(c.status))
+    skipped = [c for c in runs if c.status is Status.SKIPPED]
+    if not bad and not skipped:
+        return '<section id="failures"><h2>Not passed</h2><p class="ok">Every cell passed.</p>' \
+               "</section>"
+    out = [f'<section id="failures"><h2>Not passed ({len(bad)})</h2>']
+    for c in bad:
+        lines = evidence_lines(c)
+        ev = f'<div class="ev">{"<br>".join(_e(x) for x in lines)}</div>' if lines else ""
+        head = c.headline or c.properties.get("message", "") or c.status.value
+        out.append(
+            f'<details class="failure" data-status="{c.status.value}" id="f-{_e(c.name)}">'
+            f'<summary><span class="badge" data-status="{c.status.value}">'
+            f"{_e(c.status.value)}</span> <code>{_e(c.name)}</code>"
+            f'<div class="head">{_e(head)}</div></summary>{ev}'
+            f"<pre>{_e(c.text or head)}</pre></details>")
+    if skipped:
+        items = "".join(f"<li><code>{_e(c.name)}</code> {_e(c.headline)}</li>" for c in skipped)
+        out.append(f'<details class="skipped"><summary>{len(skipped)} skipped</summary>'
+                   f"<ul>{items}</ul></details>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _mutant_rows(runs: Iterable[ReportCell], killed: bool) -> str:
+    rows = []
+    for r in sorted(runs, key=lambda r: r.name):
+        outcome = r.evidence.get("mutant_outcome") or r.status.value
+        # A kill names the check that caught the bug; anything else needs the message.
+        why = r.evidence.get("killed_by", "") if killed else (
+            r.properties.get("message") or r.headline)
+        rows.append(f'<tr data-outcome="{_e(outcome)}"><td><code>{_e(r.cell_id)}</code></td>'
+                    f"<td>{_e(r.mutant)}</td><td>{_e(outcome)}</td><td>{_e(why)}</td></tr>")
+    head = ("<thead><tr><th>cell</th><th>mutant</th><th>outcome</th>"
+            f"<th>{'killed by' if killed else 'why it counts as not killed'}</th></tr></thead>")
+    return f'<table class="mut">{head}<tbody>{"".join(rows)}</tbody></table>'
+
+
+def _mutants(runs: Sequence[ReportCell]) -> str:
+    """Kill rate, the mutants not killed (each makes some test vacuous), the kills folded."""
+    if not runs:
+        return ""
+    killed = [r for r in runs if r.evidence.get("mutant_outcome") == "killed"]
+    alive = [r for r in runs if r not in killed]
+    rate = 100 * len(killed) / len(runs)
+    out = [f'<section id="mutants"><h2>Mutants: {len(killed)}/{len(runs)} killed '
+           f'(<span id="kill-rate">{rate:.1f}%</span>)</h2>']
+    if alive:
+        out.append(_mutant_rows(alive, killed=False))
+    if killed:
+        out.append(f'<details class="kills"><summary>{len(killed)} killed</summary>'
+                   f"{_mutant_rows(killed, killed=True)}</details>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _totals(cells: Sequence[ReportCell], runs: Sequence[ReportCell]) -> str:
+    counts = Counter(c.status for c in cells)
+    chips = "".join(
+        f'<button type="button" class="total" data-status="{s.value}" data-count="{counts[s]}"'
+        f' title="show only {s.value} cells">{counts[s]} {s.value}</button>'
+        for s in Status if counts[s])
+    killed = sum(1 for r in runs if r.evidence.get("mutant_outcome") == "killed")
+    mut = ""
+    if runs:
+        full = "all" if killed == len(runs) else "some"
+        mut = (f'<a class="mline" data-killed="{full}" href="#mutants">mutants: {killed}/'
+               f"{len(runs)} killed ({100 * killed / len(runs):.1f}%)</a>")
+    return (f'<div id="totals"><span class="count" data-cells="{len(cells)}">{len(cells)} cells'
+            f"</span>{chips}{mut}</div>")
+
+
+def _data(cells: Sequence[ReportCell], mutants: dict[str, list[ReportCell]]) -> str:
+    """Per-cell data for the click panel, as JSON safe inside ``<script>``."""
+    rows: list[dict[str, Any]] = []
+    for c in cells:
+        rows.append({
+            "id": c.cell_id, "status": c.status.value, "headline": c.headline,
+            "highlights": evidence_lines(c),
+            "props": {k: v for k, v in c.properties.items() if not k.startswith("evidence.")},
+            "evidence": c.evidence,
+            "mutants": [[m.mutant, m.evidence.get("mutant_outcome") or m.status.value,
+                         m.evidence.get("killed_by", "")] for m in mutants.get(c.cell_id, ())],
+            "failed": c.status in _BAD_ORDER,
+        })
+    text = json.dumps(rows, separators=(",", ":"))
+    # Inside <script> only "</script" and "<!--" are dangerous; escaping every < > & covers both.
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(cells: Sequence[ReportCell], source: str = "") -> str:
+    """The page for a report's cells (mutant runs are told apart by their name).
+
+    ``source``: the report's path, shown under the title.
+    """
+    title = "cpmatrix report"
+    plain = [c for c in cells if not c.mutant]
+    runs = [c for c in cells if c.mutant]
+    mutants: dict[str, list[ReportCell]] = defaultdict(list)
+    for r in runs:
+        mutants[r.cell_id].append(r)
+    css_status = "".join(
+        f'[data-status="{s.value}"]{{--c:{color}}}'
+        f'body[data-only="{s.value}"] .sq:not([data-status="{s.value}"]){{opacity:.12}}'
+        for s, color in STATUS_COLORS.items())
+    legend = "".join(f'<span class="lg"><i data-status="{s.value}"></i>{s.value}</span>'
+                     for s in Status)
+    if runs:
+        legend += '<span class="lg"><i class="ring"></i>a mutant survived</span>'
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<style>{_CSS}{css_status}</style></head><body>"
+        f'<header><h1>{_e(title)} <span class="src">{_e(source)}</span></h1>'
+        f"{_totals(plain, runs)}</header><main>"
+        f"{_failures(plain)}"
+        f'<section id="matrix"><h2>Matrix</h2><p class="legend">{legend}'
+        '<span class="hint">one square per cell, a row per dtype; <b>a</b> autocast on, '
+        "<b>k</b> kernel path; hover for evidence, click to pin</span></p>"
+        f'{_grid(plain, mutants)}<aside id="detail" hidden></aside></section>'
+        f"{_mutants(runs)}</main>"
+        f'<script type="application/json" id="cpm-data">{_data(plain, mutants)}</script>'
+        f"<script>{_JS}</script></body></html>"
+    )
+
+
+def write_html(report: Path, out: Path) -> None:
+    """Render ``report`` (a merged ``report.xml``) to ``out`` (``report.html``).
+
+    Raises :class:`cpmatrix.gate.ReportError` for an unreadable report.
+    """
+    page = render_html(read_report(report), source=os.fspath(report))
+    atomic_write_bytes(os.fspath(out), page.encode("utf-8"))
+
+
+_CSS: Final = """
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;
+background:#f6f8fa}
+header{background:#fff;border-bottom:1px solid #d0d7de;padding:14px 24px;position:sticky;top:0;
+z-index:2}
+h1{font-size:18px;margin:0 0 8px}
+h2{font-size:15px;margin:0 0 10px}
+main{padding:16px 24px;display:flex;flex-direction:column;gap:16px}
+section{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:14px 16px}
+code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
+#totals{display:flex;gap:8px;align-items:center;flex-wrap:wrap}
+.count{font-weight:600;margin-right:4px}
+.total{border:0;border-radius:12px;padding:3px 10px;font:600 13px system-ui,sans-serif;
+cursor:pointer;background:var(--c);color:#fff}
+.total[data-status=cached],.total[data-status=skipped]{color:#1f2328}
+body[data-only] .total:not(.on){opacity:.45}
+.mline{margin-left:8px;color:#2f9e44;font-weight:600;text-decoration:none}
+.mline[data-killed=some]{color:#c92a2a}
+h1 .src{font:400 12px ui-monospace,monospace;color:#57606a;margin-left:8px}
+.failure{border-left:4px solid var(--c);margin:8px 0;padding:6px 10px;background:#fff8f8}
+.failure[data-status=flaky]{background:#fff9ef}
+.failure summary{cursor:pointer}
+.badge{display:inline-block;min-width:58px;text-align:center;border-radius:4px;color:#fff;
+background:var(--c);font:600 11px system-ui,sans-serif;text-transform:uppercase;padding:1px 6px}
+.head{color:#57606a;margin:2px 0 0 66px;font-size:13px}
+.ev{margin:6px 0 0 66px;font:12px ui-monospace,monospace;color:#0a3069}
+pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:8px;overflow:auto;
+max-height:340px;font:12px/1.35 ui-monospace,monospace;white-space:pre-wrap}
+.ok{color:#2f9e44;margin:0}
+.legend{display:flex;gap:12px;flex-wrap:wrap;align-items:center;margin:0 0 10px;
+font-size:12px;color:#57606a}
+.lg i{display:inline-block;width:11px;height:11px;border-radius:2px;background:var(--c);
+margin-right:4px;vertical-align:-1px}
+.lg i.ring{background:#fff;outline:2px solid #f08c00;outline-offset:-1px}
+.hint{margin-left:auto}
+table.grid{border-collapse:separate;border-spacing:0;width:100%}
+.grid th,.grid td{border-bottom:1px solid #eaeef2;padding:6px 8px;vertical-align:top;
+text-align:left}
+.grid thead th{font:600 12px ui-monospace,monospace;color:#57606a;border-bottom:1px solid #d0d7de}
+.grid tr.level th{background:#f6f8fa;font-size:11px;text-transform:uppercase;
+letter-spacing:.06em;color:#57606a;padding:4px 8px}
+.grid tr.target>th{width:230px;font-weight:500}
+.tname{font:600 13px ui-monospace,monospace}
+.plat{color:#57606a;font-weight:400}
+.tmeta{display:flex;gap:4px;flex-wrap:wrap;margin-top:3px}
+.tag{font-size:10px;background:#ddf4ff;color:#0969da;border-radius:8px;padding:0 6px}
+.n{font-size:10px;border-radius:8px;padding:0 6px;color:#fff;background:var(--c)}
+.n[data-status=cached],.n[data-status=skipped]{color:#1f2328}
+td.empty{background:repeating-linear-gradient(45deg,#fff,#fff 4px,#f6f8fa 4px,#f6f8fa 8px)}
+.dt{display:flex;align-items:center;gap:3px;flex-wrap:wrap;margin:1px 0}
+.dtl{font:10px ui-monospace,monospace;color:#57606a;width:30px}
+.sq{width:20px;height:20px;border:0;border-radius:3px;padding:0;background:var(--c);
+color:rgba(255,255,255,.9);font:700 9px ui-monospace,monospace;cursor:pointer}
+.sq[data-status=cached],.sq[data-status=skipped]{color:#1f2328}
+.sq[data-mutants=survived]{outline:2px solid #f08c00;outline-offset:1px}
+.sq:hover,.sq.sel{outline:2px solid #1f2328;outline-offset:1px}
+#detail{position:fixed;right:16px;bottom:16px;width:min(560px,calc(100vw - 32px));
+max-height:60vh;overflow:auto;z-index:3;border:1px solid #d0d7de;border-left:5px solid var(--c);
+border-radius:8px;padding:10px 12px;background:#fff;box-shadow:0 8px 24px rgba(31,35,40,.2)}
+#detail .x{position:sticky;top:0;float:right;border:0;background:none;font-size:18px;
+cursor:pointer;color:#57606a}
+#detail h3{margin:0 0 6px;font:600 13px ui-monospace,monospace;word-break:break-all}
+#detail table{border-collapse:collapse;font:12px ui-monospace,monospace;width:100%;
+table-layout:fixed}
+#detail td{padding:1px 10px 1px 0;vertical-align:top;overflow-wrap:anywhere}
+#detail td:first-child{width:42%;color:#57606a}
+#detail .hl{color:#0a3069;margin:3px 0;font:12px ui-monospace,monospace}
+table.mut{border-collapse:collapse;width:100%}
+.mut td,.mut th{text-align:left;padding:3px 8px;border-bottom:1px solid #eaeef2;font-size:13px}
+.mut tr[data-outcome=survived] td{background:#fff4e6}
+.kills summary{cursor:pointer;color:#57606a;margin-top:8px}
+"""
+
+# Builds the click panel from the JSON block with textContent only (no HTML from data), and
+# marks <html data-ready> so a headless browser test can tell the script ran.
+_JS: Final = """
+(function(){
+const cells=JSON.parse(document.getElementById('cpm-data').textContent);
+const panel=document.getElementById('detail');
+function el(tag,text,cls){const e=document.createElement(tag);
+  if(text!==undefined)e.textContent=text;if(cls)e.className=cls;return e;}
+function show(i){
+  const c=cells[i];if(!c)return;
+  document.querySelectorAll('.sq.sel').forEach(s=>s.classList.remove('sel'));
+  const sq=document.querySelector('.sq[data-i="'+i+'"]');if(sq)sq.classList.add('sel');
+  panel.replaceChildren();panel.dataset.status=c.status;panel.dataset.cell=c.id;
+  const x=el('button','\u00d7','x');x.type='button';x.title='close';
+  x.onclick=()=>{panel.hidden=true;history.replaceState(null,'',location.pathname);};
+  panel.append(x,el('h3',c.status.toUpperCase()+'  '+c.id));
+  if(c.headline)panel.append(el('div',c.headline,'hl'));
+  c.highlights.forEach(h=>panel.append(el('div',h,'hl')));
+  const t=el('table');
+  const add=(k,v)=>{const r=t.insertRow();
+    r.insertCell().textContent=k;r.insertCell().textContent=v;};
+  ['mesh','world_size','dtype','autocast','path','params','tags','duration','attempts',
+   'failing_ranks','message','digest'].forEach(k=>{if(c.props[k])add(k,c.props[k]);});
+  Object.entries(c.evidence).forEach(([k,v])=>add('evidence.'+k,v));
+  c.mutants.forEach(([m,o,by])=>add('mutant '+m,o+(by?' by '+by:'')));
+  panel.append(t);
+  if(c.failed){const a=el('a','traceback \u2191');a.href='#f-'+c.id;
+    a.onclick=()=>{document.getElementById('f-'+c.id).open=true;};panel.append(a);}
+  panel.hidden=false;
+}
+document.addEventListener('click',e=>{
+  const sq=e.target.closest('.sq');
+  if(sq){const i=+sq.dataset.i;show(i);
+    history.replaceState(null,'','#cell='+encodeURIComponent(cells[i].id));return;}
+  const tot=e.target.closest('.total');
+  if(tot){const s=tot.dataset.status,b=document.body;
+    document.querySelectorAll('.total').forEach(x=>x.classList.remove('on'));
+    if(b.dataset.only===s){delete b.dataset.only;}else{b.dataset.only=s;tot.classList.add('on');}}
+});
+const m=/^#cell=(.*)$/.exec(location.hash);
+if(m){const id=decodeURIComponent(m[1]);const i=cells.findIndex(c=>c.id===id);
+  if(i>=0){show(i);}}
+document.documentElement.dataset.ready='1';
+})();
+"""
