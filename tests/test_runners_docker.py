@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,8 @@ import pytest
 from cpmatrix import image
 from cpmatrix.runners.base import Launch, get_runner, hermetic_env
 from cpmatrix.runners.docker import DockerRunner, container_argv, docker_run_argv
+from cpmatrix.supervise import free_port
+from runner_probes import WORLD
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -57,28 +58,6 @@ PROBE = textwrap.dedent(
         json.dump(seen, f)
     """
 )
-
-WORLD = textwrap.dedent(
-    """
-    import json, os, socket, sys
-    import torch
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    t = torch.tensor([float(rank + 1)], dtype=torch.float64)
-    dist.all_reduce(t)
-    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
-        json.dump({"sum": t.item(), "world": dist.get_world_size(),
-                   "interfaces": [n for _, n in socket.if_nameindex()]}, f)
-    dist.destroy_process_group()
-    """
-)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str) -> Launch:
