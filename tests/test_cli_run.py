@@ -86,3 +86,21 @@ def test_bad_run_options_exit_2(bad: list[str], tmp_path: Path) -> None:
     proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--out", str(tmp_path), *bad)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_jobs_run_worlds_concurrently_with_the_same_results(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--out", str(out), "--jobs", "3",
+               "--plain", "--no-cache")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(r["status"] for r in results) == ["passed"] * 4
+    # All three worlds (1, 2 and 4 ranks) were launched before any of them finished.
+    launched, finished = [], []
+    for world in (out / "worlds").glob("*.a*"):
+        launched.append((world / "command.json").stat().st_mtime)
+        finished.append(max(json.loads(p.read_text())["end_time"]
+                            for p in (world / "progress").glob("*.done")))
+    assert len(launched) == 3
+    assert max(launched) < min(finished), (launched, finished)
