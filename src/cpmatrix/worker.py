@@ -126,7 +126,8 @@ def _destroy_mesh(mesh: Any) -> None:
 
 
 def run_cell(
-    world: dict[str, Any], index: int, spec: dict[str, Any], rank: int
+    world: dict[str, Any], index: int, spec: dict[str, Any], rank: int,
+    meshes: dict[tuple[int, int], Any] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Run one cell on this rank; return its outcome and its mesh (never raises).
 
@@ -156,7 +157,10 @@ def run_cell(
             device = torch.device("cuda", torch.cuda.current_device())
         else:
             device = torch.device("cpu")
-        mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("cp0", "cp1"))
+        mesh = (meshes or {}).get((rows, cols))
+        if mesh is None:
+            mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("cp0", "cp1"))
+        outcome["setup_s"] = time.time() - started
         case = _import_case(cell["case"])
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed)
@@ -211,17 +215,20 @@ def run_cell(
     return outcome, mesh
 
 
-def _barrier(store: Any, index: int, rank: int, world_size: int, timeout_s: float) -> None:
-    """Wait until every rank wrote its outcome for cell ``index``.
+def _barrier(
+    store: Any, index: int, rank: int, world_size: int, timeout_s: float, status: str
+) -> bool:
+    """Wait until every rank wrote its outcome for cell ``index``; True if all passed.
 
     Uses the rendezvous TCPStore, never a collective: a collective here could be
     matched with one a peer is still blocked in inside the case.
     """
     import datetime as _dt
 
-    store.set(f"cpmatrix/{index}/r{rank}", "1")
-    store.wait([f"cpmatrix/{index}/r{r}" for r in range(world_size)],
-               _dt.timedelta(seconds=timeout_s))
+    store.set(f"cpmatrix/{index}/r{rank}", status)
+    keys = [f"cpmatrix/{index}/r{r}" for r in range(world_size)]
+    store.wait(keys, _dt.timedelta(seconds=timeout_s))
+    return all(store.get(k) == b"ok" for k in keys)
 
 
 class _StackDumper:
@@ -294,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
         timeout=datetime.timedelta(seconds=float(world["pg_timeout_s"])),
     )
+    meshes: dict[tuple[int, int], Any] = {}
     dumper = _StackDumper(world_dir / "dump.request")
     threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
     try:
@@ -306,15 +314,33 @@ def main(argv: list[str] | None = None) -> int:
                 progress / f"{index}.r{rank}.start",
                 {"id": spec["cell"]["id"], "time": time.time(), "log_offset": _log_offset()},
             )
-            outcome, mesh = run_cell(world, index, spec, rank)
+            outcome, mesh = run_cell(world, index, spec, rank, meshes)
             outcome["log_end"] = _log_offset()
             outcome["end_time"] = time.time()
             atomic_write_json(progress / f"{index}.r{rank}.done", outcome)
-            _barrier(store, index, rank, world_size, float(world["pg_timeout_s"]))
-            if mesh is not None:
+            t_b = time.perf_counter()
+            clean = _barrier(store, index, rank, world_size, float(world["pg_timeout_s"]),
+                             "ok" if outcome["status"] == "ok" else "error")
+            t_d = time.perf_counter()
+            rows, cols = (int(x) for x in spec["cell"]["mesh"].split("x"))
+            key = (rows, cols)
+            if mesh is not None and clean:
+                # Every rank passed: no collective can be pending on this mesh, so the
+                # next cell of this shape reuses it (a mesh costs ~25-40 ms on 9 ranks).
+                meshes[key] = mesh
+            elif mesh is not None:
+                # A failed cell may have left half-done collectives: its mesh goes, and
+                # DTensor's caches with it (they would resolve the destroyed groups).
+                meshes.pop(key, None)
                 _destroy_mesh(mesh)
-            _clear_dtensor_caches()
+                _clear_dtensor_caches()
+            if os.environ.get("CPMATRIX_PROFILE"):
+                print(f"PROFILE barrier={1000*(t_d-t_b):.1f}ms "
+                      f"teardown={1000*(time.perf_counter()-t_d):.1f}ms "
+                      f"setup={1000*outcome.get('setup_s', 0):.1f}ms", file=sys.stderr)
     finally:
+        for mesh in meshes.values():
+            _destroy_mesh(mesh)
         try:
             dist.destroy_process_group()
         except Exception as exc:
