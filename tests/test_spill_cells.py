@@ -95,3 +95,27 @@ def test_spill_block_needs_its_kind(tmp_path: Path) -> None:
         f"pythonpath: [{RES}]\n")
     proc = cli("list", "--matrix", str(path))
     assert proc.returncode == 2 and "needs kind: spill" in proc.stderr
+
+
+@pytest.mark.slow
+def test_reference_suite_kernels_pass_and_the_negative_control_is_real(tmp_path: Path) -> None:
+    """Every suite kernel is declared in matrix/parity.yaml and compiles with 0 spills; the
+    declared negative control passes only because it spills: gated as an ordinary kernel
+    (expect_spill off), the same config fails with the numbers."""
+    matrix = RES.parent.parent / "matrix" / "parity.yaml"
+    out = tmp_path / "out"
+    proc = cli("spill", "--matrix", str(matrix), "--out", str(out), "--plain", "--no-cache")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = results(out)
+    kernels = {r["evidence"]["entry"] for r in got.values()}
+    assert kernels >= {"softmax_fwd_kernel", "softmax_bwd_kernel", "lse_merge_kernel",
+                       "layer_norm_fwd_kernel", "layer_norm_bwd_kernel"}
+    control = [r for cid, r in got.items() if cid.startswith("spill_negative_control")]
+    assert len(control) == 1 and control[0]["evidence"]["spill_store_bytes"] > 0
+    flipped = tmp_path / "parity.yaml"
+    flipped.write_text(matrix.read_text().replace("      expect_spill: true\n", ""))
+    proc = cli("spill", "--matrix", str(flipped), "-k", "spill_negative_control",
+               "--out", str(tmp_path / "flipped"), "--plain", "--no-cache")
+    assert proc.returncode == 1, proc.stdout
+    (bad,) = results(tmp_path / "flipped").values()
+    assert bad["status"] == "failed" and "> budget 0" in bad["message"]
