@@ -29,7 +29,8 @@ def test_green_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Plain progress: one line per cell, a summary last.
     lines = proc.stdout.splitlines()
-    assert lines[0] == "running 4 cells"
+    assert lines[0] == "runner: local (chosen with --runner)"
+    assert lines[1] == "running 4 cells"
     assert sum(1 for ln in lines if ln.startswith("[") and "PASSED" in ln) == 4
     assert "==== 4 cells: 4 passed" in proc.stdout
     # The report: valid JUnit, one suite per target, each cell once, properties.

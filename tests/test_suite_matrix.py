@@ -113,7 +113,8 @@ def test_awkward_sizes_pad_and_reach_single_element_shards(
 
 def test_every_case_declares_mutants_the_suite_plants(cells: list[dict[str, Any]]) -> None:
     seen: set[str] = set()
-    for ref in sorted({c["case"] for c in cells}):
+    # spill cells name a Triton kernel, not a case: they are gated by ptxas, not mutants
+    for ref in sorted({c["case"] for c in cells if c["kind"] != "spill"}):
         module, _, name = ref.partition(":")
         declared = declared_mutants(getattr(importlib.import_module(module), name))
         assert declared, f"{ref} declares no mutant"
