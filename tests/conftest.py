@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Module- and session-scoped fixtures run before the per-test fixture below: they too
+    # must never read or fill the user's cache (~/.cache/cpmatrix).
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="cpmatrix-test-cache-")
 
 
 @pytest.fixture(autouse=True)
