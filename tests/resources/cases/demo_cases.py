@@ -27,7 +27,8 @@ def evidence(cell):
     cell.record("draw", float(torch.randn(1, generator=cell.generator)))
     cell.record("tz", os.environ.get("TZ", ""))
     cell.record("secret_visible", "CPMATRIX_TEST_SECRET" in os.environ)
-    cell.record("home_private", os.environ["HOME"].startswith(str(cell.out_dir).split("/cells/")[0]))
+    run_root = str(cell.out_dir).split("/cells/")[0]
+    cell.record("home_private", os.environ["HOME"].startswith(run_root))
     cell.record("rank", cell.rank)  # differs per rank: reported as rank@rankN
     os.environ["LEAK_FROM_CASE"] = "1"  # the worker must restore the environment
     (cell.out_dir / "note.txt").write_text("written by the case")

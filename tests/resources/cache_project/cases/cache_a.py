@@ -1,5 +1,4 @@
 import torch
-
 from cache_helper import SCALE
 
 
