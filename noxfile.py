@@ -90,7 +90,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy --strict on src/cpmatrix."""
+    """ruff check (src, tests, benchmarks) and mypy --strict on src/cpmatrix."""
     session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py", external=True)
     session.run("mypy", external=True)
 
