@@ -35,6 +35,7 @@ from cpmatrix.parity.run import (
     ParityReport,
     _perturbed_line,
     _tensors,
+    check_param_grads,
     finish,
     output_axes_map,
     serial_layout,
@@ -121,17 +122,7 @@ def run_training(
         torch.autograd.backward([s_loss])
         torch.autograd.backward([c_loss])
         if step == 0:
-            verdicts.add_diffs(
-                "param_grad",
-                compare_named({n: (c_params[n].grad, p.grad) for n, p in s_params.items()}, tol),
-                tol,
-            )
-            verdicts.add(
-                "param_grad",
-                replicated_problems(
-                    {n: p.grad for n, p in c_params.items() if p.grad is not None}, cell.mesh
-                ),
-            )
+            check_param_grads(verdicts, s_params, c_params, tol, cell.mesh)
             verdicts.add(
                 "nonzero",
                 grad_problems(

@@ -76,6 +76,24 @@ class ParityReport:
         return max((d.max_rel for d in self.diffs), default=0.0)
 
 
+
+def check_param_grads(
+    verdicts: Verdicts, serial_params: Mapping[str, torch.Tensor],
+    cp_params: Mapping[str, torch.Tensor], tol: Tolerance, mesh: Any,
+) -> None:
+    """Every parameter grad by name against the serial one, and replicated ones identical:
+    a replicated parameter whose grad misses its all-reduce fails only here."""
+    verdicts.add_diffs(
+        "param_grad",
+        compare_named({n: (cp_params[n].grad, p.grad) for n, p in serial_params.items()}, tol),
+        tol,
+    )
+    verdicts.add(
+        "param_grad",
+        replicated_problems({n: p.grad for n, p in cp_params.items() if p.grad is not None},
+                            mesh),
+    )
+
 def check_parity(
     cell: Any,
     serial: torch.nn.Module | Callable[..., Any],
@@ -216,17 +234,7 @@ def check_parity(
             cell.mesh,
         ),
     )
-    verdicts.add_diffs(
-        "param_grad",
-        compare_named({n: (cp_params[n].grad, p.grad) for n, p in serial_params.items()}, tol),
-        tol,
-    )
-    verdicts.add(
-        "param_grad",
-        replicated_problems(
-            {n: p.grad for n, p in cp_params.items() if p.grad is not None}, cell.mesh
-        ),
-    )
+    check_param_grads(verdicts, serial_params, cp_params, tol, cell.mesh)
     verdicts.add(
         "nonzero",
         grad_problems(
