@@ -1,4 +1,4 @@
-"""Shared by the runner tests: a 2-rank gloo world script run through each runner."""
+"""Shared by the runner tests: scripts run through each runner (a probe, a 2-rank world)."""
 
 import textwrap
 
@@ -16,5 +16,46 @@ WORLD = textwrap.dedent(
         json.dump({"sum": t.item(), "world": dist.get_world_size(),
                    "interfaces": [n for _, n in socket.if_nameindex()]}, f)
     dist.destroy_process_group()
+    """
+)
+
+#: Set in the caller's environment by the runner tests; a cell must never see it.
+SECRET = "cpmatrix-test-secret-value"
+
+# A cell's view of the world through a runner, written as JSON to argv[1]/probe.json.
+PROBE = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    out, readonly, hidden = sys.argv[1:4]
+    def can_write(folder):
+        try:
+            with open(os.path.join(folder, "probe.txt"), "w") as f:
+                f.write("x")
+            return "ok"
+        except OSError as exc:
+            return exc.strerror
+    try:
+        import cpmatrix
+        package = cpmatrix.__file__
+    except ImportError:
+        package = None
+    seen = {
+        "interfaces": [name for _, name in socket.if_nameindex()],
+        "write_out": can_write(out),
+        "write_readonly": can_write(readonly),
+        "hidden_visible": os.path.exists(hidden),
+        "secret": os.environ.get("CPMATRIX_TEST_SECRET"),
+        "env": dict(os.environ),
+        "env_keys": sorted(os.environ),
+        "tz": os.environ.get("TZ"),
+        "home": os.environ.get("HOME"),
+        "cwd": os.getcwd(),
+        "hostname": socket.gethostname(),
+        "prefix": sys.prefix,
+        "cpmatrix": package,
+        "pid": os.getpid(),
+    }
+    with open(os.path.join(out, "probe.json"), "w") as f:
+        json.dump(seen, f)
     """
 )

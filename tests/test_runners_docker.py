@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,40 +23,10 @@ from cpmatrix import image
 from cpmatrix.runners.base import Launch, get_runner, hermetic_env
 from cpmatrix.runners.docker import DockerRunner, container_argv, docker_run_argv
 from cpmatrix.supervise import free_port
-from runner_probes import WORLD
+from runner_probes import PROBE, SECRET, WORLD
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-SECRET = "cpmatrix-test-secret-value"
-
-PROBE = textwrap.dedent(
-    """
-    import json, os, socket, sys
-    out, readonly, hidden = sys.argv[1:4]
-    def can_write(folder):
-        try:
-            with open(os.path.join(folder, "probe.txt"), "w") as f:
-                f.write("x")
-            return "ok"
-        except OSError as exc:
-            return exc.strerror
-    import cpmatrix
-    seen = {
-        "interfaces": [name for _, name in socket.if_nameindex()],
-        "write_out": can_write(out),
-        "write_readonly": can_write(readonly),
-        "hidden_visible": os.path.exists(hidden),
-        "secret": os.environ.get("CPMATRIX_TEST_SECRET"),
-        "env": dict(os.environ),
-        "cwd": os.getcwd(),
-        "prefix": sys.prefix,
-        "cpmatrix": cpmatrix.__file__,
-        "pid": os.getpid(),
-    }
-    with open(os.path.join(out, "probe.json"), "w") as f:
-        json.dump(seen, f)
-    """
-)
 
 
 def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str) -> Launch:

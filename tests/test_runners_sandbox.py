@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,40 +28,9 @@ from cpmatrix.runners.sandbox import (
     sandbox_argv,
 )
 from cpmatrix.supervise import free_port
-from runner_probes import WORLD
+from runner_probes import PROBE, SECRET, WORLD
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = "cpmatrix-test-secret-value"
-
-# A cell's view of the world, written as JSON to argv[1]/probe.json.
-PROBE = textwrap.dedent(
-    """
-    import json, os, socket, sys
-    out, readonly, hidden = sys.argv[1:4]
-    def can_write(folder):
-        try:
-            with open(os.path.join(folder, "probe.txt"), "w") as f:
-                f.write("x")
-            return "ok"
-        except OSError as exc:
-            return exc.strerror
-    seen = {
-        "interfaces": [name for _, name in socket.if_nameindex()],
-        "write_out": can_write(out),
-        "write_readonly": can_write(readonly),
-        "hidden_visible": os.path.exists(hidden),
-        "secret": os.environ.get("CPMATRIX_TEST_SECRET"),
-        "env_keys": sorted(os.environ),
-        "tz": os.environ.get("TZ"),
-        "home": os.environ.get("HOME"),
-        "cwd": os.getcwd(),
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-    with open(os.path.join(out, "probe.json"), "w") as f:
-        json.dump(seen, f)
-    """
-)
 
 
 def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str = "t") -> Launch:
