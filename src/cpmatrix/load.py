@@ -687,10 +687,14 @@ def load_matrix(path: str | os.PathLike[str]) -> Matrix:
     Raises :class:`SpecError` (exit 2) for anything malformed, including a missing file.
     """
     file = os.fspath(path)
+    return parse_matrix(read_spec_text(file, "matrix"), file)
+
+
+def read_spec_text(file: str, what: str) -> str:
+    """The text of a YAML spec file, or a :class:`SpecError` naming it (exit 2)."""
     try:
-        text = Path(file).read_text(encoding="utf-8")
+        return Path(file).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(file, 0, 0, "", "no such matrix file") from None
+        raise SpecError(file, 0, 0, "", f"no such {what} file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(file, 0, 0, "", f"cannot read matrix: {exc}") from None
-    return parse_matrix(text, file)
+        raise SpecError(file, 0, 0, "", f"cannot read {what}: {exc}") from None

@@ -19,6 +19,7 @@ from typing import Any, Final
 import yaml
 
 from ..errors import SpecError, UsageError
+from ..load import read_spec_text
 from ..select import parse_keyword_expr
 
 __all__ = ["DEFAULT_DRIFT_KEYS", "POLICY_KEYS", "Policy", "expected_cells", "load_policies"]
@@ -202,12 +203,7 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
     ('release',)
     """
     file = os.fspath(path)
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(file, 0, 0, "", "no such gates file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(file, 0, 0, "", f"cannot read gates file: {exc}") from None
+    text = read_spec_text(file, "gates")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
