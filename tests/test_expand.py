@@ -22,6 +22,7 @@ from cpmatrix.cli import main
 from cpmatrix.expand import CONSTRAINTS, Expansion, expand
 from cpmatrix.load import parse_matrix
 from cpmatrix.spec import Cell
+from matrix_files import HEAD, write_matrix
 
 PLATFORMS = """\
 version: 1
@@ -298,16 +299,6 @@ def test_expansion_is_deterministic_and_reads_each_module_once() -> None:
 
 # ------------------------------------------- bad input found by expansion (real CLI)
 
-HEAD = CPU_ONLY + "pythonpath: [cases]\n"
-
-
-def write_matrix(tmp_path: Path, text: str) -> Path:
-    cases = tmp_path / "cases"
-    cases.mkdir(exist_ok=True)
-    (cases / "tiny.py").write_text("def ok(cell):\n    return None\n")
-    path = tmp_path / "m.yaml"
-    path.write_text(text)
-    return path
 
 
 EXPAND_ERRORS = [

@@ -19,16 +19,11 @@ from cpmatrix.cli import main
 from cpmatrix.errors import SpecError
 from cpmatrix.load import ALLOWED_KEYS, load_matrix, parse_matrix
 from cpmatrix.spec import TIMEOUT_CLASSES, Mesh
+from matrix_files import HEAD, write_matrix
 
 RESOURCES = Path(__file__).parent / "resources"
 COMPLETE = RESOURCES / "complete.yaml"
 
-HEAD = """\
-version: 1
-pythonpath: [cases]
-platforms:
-  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}
-"""
 #: A valid target, for rows whose problem lies elsewhere.
 A = '  - {name: a, case: "tiny:ok", level: unit}\n'
 #: A valid target with an extra axis.
@@ -37,15 +32,6 @@ B = '  - {name: b, case: "tiny:ok", level: unit}\n'
 MARK = "#!"
 #: HEAD for parse_matrix (no file, so no pythonpath to resolve).
 INLINE = HEAD.replace("pythonpath: [cases]\n", "")
-
-
-def write_matrix(tmp_path: Path, text: str) -> Path:
-    cases = tmp_path / "cases"
-    cases.mkdir(exist_ok=True)
-    (cases / "tiny.py").write_text("def ok(cell):\n    return None\n")
-    path = tmp_path / "m.yaml"
-    path.write_text(text)
-    return path
 
 
 def marked_line(text: str) -> int:
