@@ -35,9 +35,6 @@ class Batch:
     #: Mutant per cell (parallel to ``cells``), empty string for a normal run.
     mutants: tuple[str, ...] = ()
 
-    def estimated_s(self, durations: Mapping[str, float]) -> float:
-        return sum(durations.get(c.id, float(c.timeout_s) / 60.0) for c in self.cells)
-
     def mutant_of(self, i: int) -> str:
         return self.mutants[i] if self.mutants else ""
 

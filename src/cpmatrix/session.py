@@ -10,7 +10,6 @@ and then its cells fail with the launcher's error; the report is written atomica
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -296,10 +295,3 @@ def _fail_unstarted(
             f"{item.last_error}", stderr_tails={-1: tail}, mutant=entry.mutant,
             out_dir=entry.out_dir,
         ))
-
-
-def relpath(path: Path) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return str(path)

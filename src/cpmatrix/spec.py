@@ -265,29 +265,6 @@ class Cell:
     def world_size(self) -> int:
         return self.mesh.world_size
 
-    @property
-    def params_dict(self) -> dict[str, Scalar]:
-        return dict(self.params)
-
-    def axis_value(self, key: str) -> Scalar | None:
-        """The value of a standard axis, ``target``, ``platform`` or an extra axis."""
-        match key:
-            case "level":
-                return self.level
-            case "mesh":
-                return str(self.mesh)
-            case "dtype":
-                return self.dtype
-            case "autocast":
-                return "on" if self.autocast else "off"
-            case "path":
-                return self.path
-            case "target":
-                return self.target
-            case "platform":
-                return self.platform
-        return self.params_dict.get(key)
-
     def to_dict(self) -> dict[str, object]:
         """The ``list --json`` view (also what a world file carries to the worker)."""
         return {

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -129,8 +130,6 @@ def _attempt(cells: Sequence[Cell], job_dir: Path, search_path: Sequence[str],
 
 
 def read_spill(cell: Cell) -> dict[str, Any]:
-    import json
-
     value: dict[str, Any] = json.loads(cell.spill)
     return value
 
