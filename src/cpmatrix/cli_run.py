@@ -133,7 +133,8 @@ def visible_cuda_devices() -> int:
     return count
 
 
-def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
+def discover_mutants(matrix: Matrix, cells: list[Cell], python: str = sys.executable,
+                     ) -> dict[str, list[str]]:
     """Import each case once (in a subprocess: torch stays out of this process) and
     read the mutants it declares (``fn.__cpmatrix_mutants__``)."""
     cases = sorted({c.case for c in cells if c.kind != "spill"})
@@ -150,7 +151,7 @@ def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
         "        out[ref] = {'error': f'{type(exc).__name__}: {exc}'}\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cases)],
+    proc = subprocess.run([python, "-c", code, json.dumps(cases)],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise UsageError(f"could not read declared mutants:\n{proc.stderr[-2000:]}")
@@ -158,14 +159,17 @@ def discover_mutants(matrix: Matrix, cells: list[Cell]) -> dict[str, list[str]]:
     per_cell: dict[str, list[str]] = {}
     for c in cells:
         declared = found.get(c.case, []) if c.kind != "spill" else []
-        names = declared if isinstance(declared, list) else []
+        if isinstance(declared, dict):
+            # A case that cannot be imported has no mutants to read: say so, never "0/0".
+            raise UsageError(f"--mutants: cannot import {c.case}: {declared['error']}")
+        names = declared
         # The unmutated run comes first: a mutant is only "killed" against a green cell.
         per_cell[c.id] = ["", *names]
     return per_cell
 
 
 def _cache_for(
-    args: argparse.Namespace, matrix: Matrix, cells: list[Cell], options: WorldOptions,
+    args: argparse.Namespace, cells: list[Cell], options: WorldOptions,
     platforms: dict[str, Platform], mutants: bool,
 ) -> tuple[dict[str, Result], Callable[[Cell, Result], None] | None]:
     """Cached passes for ``cells`` and a function that stores new passes."""
@@ -224,13 +228,19 @@ def _version(dist: str) -> str:
 
 
 def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
-    batches = plan_batches(cells, durations=load_durations(out), batch_size=args.batch_size,
+    spill = [c for c in cells if c.kind == "spill"]
+    batches = plan_batches([c for c in cells if c.kind != "spill"],
+                           durations=load_durations(out), batch_size=args.batch_size,
                            keep_order=args.keep_order)
     print(f"plan: {len(cells)} cells in {len(batches)} worlds (runner: {args.runner})")
     for b in batches:
         print(f"world {b.name}: {b.world_size} ranks, {len(b.cells)} cells")
         for c in b.cells:
             print(f"  {c.id}  timeout={c.timeout_s}s")
+    if spill:
+        print(f"spill gates (compiled in one subprocess, no world): {len(spill)} cells")
+        for c in spill:
+            print(f"  {c.id}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -264,10 +274,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"a {widest}-rank cuda cell needs {widest} devices; {gpus} visible")
     runner, why = resolve_runner(args.runner, platforms[cells[0].platform])
     print(f"runner: {runner.name} ({why})", flush=True)
-    mutants = discover_mutants(matrix, cells) if args.mutants else None
+    mutants = discover_mutants(matrix, cells, args.python) if args.mutants else None
     options = make_world_options(matrix, out, runner, abort_grace=args.abort_grace,
                                  python=args.python)
-    cached, store = _cache_for(args, matrix, cells, options, platforms, mutants is not None)
+    cached, store = _cache_for(args, cells, options, platforms, mutants is not None)
     progress = Progress(force_plain=args.plain)
     try:
         report = run_cells(

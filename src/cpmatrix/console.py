@@ -7,7 +7,6 @@ lines of the traceback, where the files are), then the counts and the wall time.
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, TextIO
 
 from .result import Result, Status
@@ -27,14 +26,12 @@ class Progress:
         self.total = 0
         self.done = 0
         self.failed = 0
-        self.t0 = time.monotonic()
         self._rich: Any = None
         self._task: Any = None
         self.plain = force_plain or not self.stream.isatty()
 
     def start(self, total: int) -> None:
         self.total = total
-        self.t0 = time.monotonic()
         if self.plain:
             print(f"running {total} cells", file=self.stream, flush=True)
             return

@@ -16,7 +16,8 @@ import os
 import tempfile
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "read_json"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "read_json",
+           "tail_lines"]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -43,6 +44,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=1, default=str))
+
+
+def tail_lines(path: str | os.PathLike[str], start: int = 0, end: int | None = None,
+               lines: int = 30) -> str:
+    """The last ``lines`` lines of the bytes ``[start:end]`` of a log ('' if unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read() if end is None else f.read(max(0, end - start))
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -38,7 +38,6 @@ def _clip(text: str) -> str:
 def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
     props: list[tuple[str, str]] = [("cell_id", result.cell_id)]
     if cell is not None:
-        d = cell.to_dict()
         props += [
             ("digest", cell.digest),
             ("target", cell.target),
@@ -49,7 +48,7 @@ def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
             ("autocast", "on" if cell.autocast else "off"),
             ("path", cell.path),
             ("level", cell.level),
-            ("params", ",".join(f"{k}={v}" for k, v in d["params"].items())),  # type: ignore[attr-defined]
+            ("params", ",".join(f"{k}={v}" for k, v in cell.params)),
             ("tags", ",".join(cell.tags)),
         ]
     props += [

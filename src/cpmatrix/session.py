@@ -15,11 +15,11 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .fsutil import atomic_write_json, read_json
-from .junit import merge_junit, results_to_junit, write_junit
+from .fsutil import atomic_write_json, read_json, tail_lines
+from .junit import merge_junit, results_to_junit, testcase_name, write_junit
 from .plan import DevicePool, plan_batches
 from .result import FailureKind, Result, Status
 from .spec import Cell, Platform
@@ -37,18 +37,16 @@ class RunReport:
     """What a run produced; ``results`` maps entry key -> result, in plan order."""
 
     results: dict[str, Result]
-    entries: list[Entry]
     wall_s: float
     world_starts: int
     report_path: Path
     worlds: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def mutant_line(self) -> str:
         """``mutants: K/N killed (kill rate X%)``, naming the survivors."""
         runs = [r for r in self.results.values() if r.mutant]
         killed = [r for r in runs if r.evidence.get("mutant_outcome") == "killed"]
-        survivors = [f"{r.cell_id}!mutant={r.mutant}" for r in runs if r not in killed]
+        survivors = [testcase_name(r.cell_id, r.mutant) for r in runs if r not in killed]
         rate = 100.0 * len(killed) / len(runs) if runs else 100.0
         line = f"mutants: {len(killed)}/{len(runs)} killed (kill rate {rate:.1f}%)"
         if survivors:
@@ -253,7 +251,7 @@ def run_cells(
             new_durations[r.cell_id] = round(r.duration_s, 4)
     atomic_write_json(out / "durations.json", new_durations)
     return RunReport(
-        results=ordered, entries=planned, wall_s=time.monotonic() - t0,
+        results=ordered, wall_s=time.monotonic() - t0,
         world_starts=world_starts, report_path=report, worlds=len(batches),
     )
 
@@ -283,11 +281,7 @@ def interpret_mutant(result: Result) -> Result:
 def _fail_unstarted(
     item: _Item, world: WorldRun, finish: Callable[[_Item, Entry, Result], None]
 ) -> None:
-    log = world.dir / "torchrun.log"
-    try:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-    except OSError:
-        tail = ""
+    tail = tail_lines(world.dir / "torchrun.log")
     for entry in world.remaining:
         finish(item, replace(entry, attempt=2), Result(
             cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,

@@ -20,11 +20,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_json, read_json
+from .fsutil import atomic_write_json, read_json, tail_lines
 from .result import FailureKind, RankFailure, Result, Status
 from .runners.base import hermetic_env
 from .spec import Cell
@@ -52,20 +52,19 @@ def _evidence(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _result(cell: Cell, done: dict[str, Any], out_dir: str) -> Result:
+def _result(cell: Cell, done: dict[str, Any]) -> Result:
     evidence = _evidence(done.get("evidence", {}))
     if done.get("status") == "ok":
         return Result(cell_id=cell.id, status=Status.PASSED, evidence=evidence,
                       duration_s=float(done.get("duration_s", 0.0)),
                       case_s=float(done.get("duration_s", 0.0)), message=done.get("message", ""),
-                      out_dir="")
+                      )
     message = str(done.get("message", "spill gate failed"))
     return Result(
         cell_id=cell.id, status=Status.FAILED, kind=FailureKind.ERROR, failing_ranks=(0,),
         failures=(RankFailure(rank=0, message=message, traceback=done.get("traceback", ""),
                               check="spill"),),
         evidence=evidence, duration_s=float(done.get("duration_s", 0.0)), message=message,
-        out_dir="",
     )
 
 
@@ -101,7 +100,7 @@ def _attempt(cells: Sequence[Cell], job_dir: Path, search_path: Sequence[str],
         while i < len(cells):
             done_path = progress / f"{i}.done"
             if done_path.exists():
-                yield cells[i], _result(cells[i], read_json(done_path), f"spill/{cells[i].id}")
+                yield cells[i], _result(cells[i], read_json(done_path))
                 i += 1
                 started = None
                 continue
@@ -115,8 +114,7 @@ def _attempt(cells: Sequence[Cell], job_dir: Path, search_path: Sequence[str],
                     failing_ranks=(0,), message=f"compile ran past {cells[i].timeout_s} s")
                 return
             if proc.poll() is not None and not done_path.exists():
-                tail = "\n".join((job_dir / "spill.log").read_text(errors="replace")
-                                 .splitlines()[-20:])
+                tail = tail_lines(job_dir / "spill.log", lines=20)
                 yield cells[i], Result(
                     cell_id=cells[i].id, status=Status.CRASH, kind=FailureKind.CRASH,
                     failing_ranks=(0,), stderr_tails={0: tail},
@@ -137,7 +135,6 @@ def read_spill(cell: Cell) -> dict[str, Any]:
 def run_spill_cells(
     cells: Sequence[Cell], *, out_root: Path, search_path: Sequence[str],
     cache_dir: Path | None, python: str = sys.executable,
-    on_result: Callable[[Cell, Result], None] | None = None,
 ) -> list[tuple[Cell, Result]]:
     """Gate every spill cell; one result per cell, in order, whatever happens."""
     results: list[tuple[Cell, Result]] = []
@@ -150,7 +147,5 @@ def run_spill_cells(
                                      search_path, cache_dir, python):
             results.append((cell, result))
             got += 1
-            if on_result is not None:
-                on_result(cell, result)
         remaining = remaining[got:]
     return results

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_json, read_json
+from .fsutil import atomic_write_json, read_json, tail_lines
+from .junit import testcase_name
 from .result import FailureKind, RankFailure, Result, Status
 from .runners.base import Launch, Runner, hermetic_env
 from .spec import Cell, Platform
@@ -60,7 +61,7 @@ class Entry:
 
     @property
     def key(self) -> str:
-        return f"{self.cell.id}!mutant={self.mutant}" if self.mutant else self.cell.id
+        return testcase_name(self.cell.id, self.mutant)
 
     @property
     def out_dir(self) -> str:
@@ -142,17 +143,6 @@ def _torchrun_root_cause(log_text: str) -> tuple[int, str] | None:
     else:
         how = f"exited with code {code}"
     return int(m.group(1)), how
-
-
-def _tail(path: Path, start: int = 0, end: int | None = None, lines: int = _TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read() if end is None else f.read(max(0, end - start))
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
 
 
 class WorldRun:
@@ -269,7 +259,7 @@ class WorldRun:
                 cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
                 message=message, mutant=entry.mutant, attempts=entry.attempt,
                 out_dir=entry.out_dir,
-                stderr_tails={-1: _tail(self.dir / "torchrun.log")},
+                stderr_tails={-1: tail_lines(self.dir / "torchrun.log")},
             )))
         self.finished = True
 
@@ -386,7 +376,7 @@ class WorldRun:
         for r in range(self.world_size):
             start = self._starts.get((i, r), {}).get("log_offset", 0)
             end = self._dones.get((i, r), {}).get("log_end")
-            tails[r] = _tail(self.dir / f"rank{r}.log", int(start), end)
+            tails[r] = tail_lines(self.dir / f"rank{r}.log", int(start), end)
         return tails
 
     def _in_flight(self) -> int | None:
