@@ -21,11 +21,14 @@ def _assert_close_ok(a: torch.Tensor, e: torch.Tensor) -> bool:
 
 def test_same_verdict_as_assert_close_at_the_boundary() -> None:
     g = torch.Generator().manual_seed(0)
+    verdicts = set()
     for scale in (1e-9, 5e-8, 1e-7, 2e-7, 1e-6):
         e = torch.randn(64, generator=g, dtype=torch.float64)
         a = e + scale * torch.randn(64, generator=g, dtype=torch.float64)
         (diff,) = compare_named({"t": (a, e)}, FP64)
         assert diff.ok == _assert_close_ok(a, e), scale
+        verdicts.add(diff.ok)
+    assert verdicts == {True, False}, "the scales must straddle the boundary"
 
 
 def test_reports_max_abs_and_max_rel() -> None:

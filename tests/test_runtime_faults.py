@@ -104,10 +104,12 @@ def test_unimportable_case_module_fails_only_its_cells(tmp_path: Path) -> None:
 def test_launcher_without_torch_fails_cells_with_the_error(tmp_path: Path) -> None:
     """An OS-level problem (here: the interpreter has no torch, so no torchrun) fails
     the affected cells with the launcher's error; the run does not die silently."""
-    python = "/usr/bin/python3"
+    # A bare venv of this interpreter: no site-packages, so no torch (and no torchrun).
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+                   check=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
     check = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
-    if check.returncode == 0:
-        pytest.skip("this machine's system python has torch; the test needs one without")
+    assert check.returncode != 0, "the bare venv must not see torch"
     rc, output, _ = run_cli("run", "--matrix", str(RES / "faults.yaml"), "-k",
                             "fault=none and (pos=0 or pos=1)", "--python", python,
                             "--out", str(tmp_path / "out"), "--plain")
