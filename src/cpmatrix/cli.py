@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -164,11 +165,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + int(getattr(exc, "signum", 2))
     except BrokenPipeError:
         return ExitCode.OK
+    except Exception:  # a bug of cpmatrix: its own exit code, never 1 ("tests failed")
+        print("cpmatrix: internal error (a bug; please report it with this traceback):\n"
+              + traceback.format_exc(), file=sys.stderr)
+        return ExitCode.INTERNAL
 
 
 if __name__ == "__main__":

@@ -104,7 +104,8 @@ def _failure_block(key: str, r: Result) -> list[str]:
 def format_summary(report: RunReport, out_dir: str) -> str:
     lines: list[str] = []
     bad = [(k, r) for k, r in report.results.items() if not r.status.ok]
-    order = {Status.CRASH: 0, Status.TIMEOUT: 1, Status.FAILED: 2, Status.FLAKY: 3}
+    order = {Status.CRASH: 0, Status.TIMEOUT: 1, Status.FAILED: 2, Status.FLAKY: 3,
+             Status.INTERRUPTED: 4}
     bad.sort(key=lambda kr: order.get(kr[1].status, 9))
     if bad:
         lines.append("")

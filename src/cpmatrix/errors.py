@@ -22,6 +22,10 @@ class ExitCode(IntEnum):
     FAILURES = 1
     USAGE = 2
     NOTHING_SELECTED = 3
+    #: cpmatrix itself failed (a bug): never confused with 1, "tests failed". The run
+    #: still writes its report, with the unfinished cells failing and naming the error.
+    INTERNAL = 4
+    #: 128 + N: stopped by signal N (130 Ctrl-C, 143 SIGTERM); the report is written.
 
 
 class UsageError(Exception):

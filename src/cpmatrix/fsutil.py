@@ -1,23 +1,43 @@
 """Atomic file writes: a reader never sees a half-written file. Standard library only.
 
+Files get the mode a plain ``open()`` would give them (``0666 & ~umask``), not the
+``0600`` of ``mkstemp``: reports are read by other users and CI upload steps. JSON is
+strict: ``inf``/``nan`` (which ``json`` would write as the non-standard ``Infinity``)
+are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``.
+
 Example::
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
-    >>> atomic_write_json(os.path.join(d, "x.json"), {"a": 1})
+    >>> atomic_write_json(os.path.join(d, "x.json"), {"a": 1, "b": float("inf")})
     >>> read_json(os.path.join(d, "x.json"))
-    {'a': 1}
+    {'a': 1, 'b': 'inf'}
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "read_json",
-           "tail_lines"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "json_safe",
+           "read_json", "tail_lines"]
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux), else by setting it back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -27,6 +47,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -42,8 +63,25 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``"inf"``, ``"-inf"`` or ``"nan"``.
+
+    >>> json_safe({"a": [1.0, float("-inf")], "b": float("nan")})
+    {'a': [1.0, '-inf'], 'b': 'nan'}
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
-    atomic_write_text(path, json.dumps(value, indent=1, default=str))
+    """Strict JSON (see :func:`json_safe`), written atomically."""
+    atomic_write_text(path, json.dumps(json_safe(value), indent=1, default=str,
+                                       allow_nan=False))
 
 
 def tail_lines(path: str | os.PathLike[str], start: int = 0, end: int | None = None,

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,9 +22,30 @@ from .fsutil import atomic_write_bytes
 from .result import Result, Status
 from .spec import Cell
 
-__all__ = ["merge_junit", "read_junit_results", "results_to_junit", "testcase_name"]
+__all__ = ["merge_junit", "read_junit_results", "results_to_junit", "testcase_name",
+           "xml_safe"]
 
 _TEXT_LIMIT = 20_000
+#: Terminal colour and cursor codes (CSI sequences): noise in a report, so dropped.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: What XML 1.0 cannot hold at all (C0 controls but tab/newline/CR, lone surrogates,
+#: U+FFFE/U+FFFF). Its parsers refuse such a document outright.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_safe(text: str) -> str:
+    """``text`` as XML 1.0 can hold it, still readable.
+
+    Colour codes are dropped; any other character XML cannot hold is spelled out as
+    ``\\xNN`` or ``\\uNNNN``. A case's log line, evidence or exception message can hold
+    anything: one such character must never cost the run its report.
+
+    >>> xml_safe("\x1b[31mred\x1b[0m nul\x00")
+    'red nul\\x00'
+    """
+    text = _ANSI.sub("", text)
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", text)
 
 
 def testcase_name(cell_id: str, mutant: str = "") -> str:
@@ -32,6 +54,7 @@ def testcase_name(cell_id: str, mutant: str = "") -> str:
 
 
 def _clip(text: str) -> str:
+    text = xml_safe(text)
     return text if len(text) <= _TEXT_LIMIT else text[:_TEXT_LIMIT] + "\n... (clipped)"
 
 
@@ -87,23 +110,23 @@ def _failure_text(result: Result) -> str:
 
 def _testcase(cell: Cell | None, result: Result) -> TestCase:
     target = cell.target if cell else result.cell_id.split("[", 1)[0]
-    tc = TestCase(testcase_name(result.cell_id, result.mutant), classname=target,
-                  time=round(result.duration_s, 3))
+    tc = TestCase(xml_safe(testcase_name(result.cell_id, result.mutant)),
+                  classname=xml_safe(target), time=round(result.duration_s, 3))
     props = Properties()
     for name, value in _properties(cell, result):
-        props.append(Property(name, value))
+        props.append(Property(xml_safe(name), xml_safe(value)))
     tc.append(props)
     if result.status in (Status.PASSED, Status.CACHED, Status.FLAKY):
         if result.status is Status.FLAKY:
             tc.system_out = _clip(f"FLAKY: {result.message}\n{_failure_text(result)}")
         return tc
-    if result.status is Status.SKIPPED:
-        tc.result = [Skipped(result.message)]
+    if result.status in (Status.SKIPPED, Status.INTERRUPTED):
+        tc.result = [Skipped(xml_safe(result.message))]
         return tc
-    head = result.headline()
+    head = xml_safe(result.headline())
     if result.kind is not None and result.kind.value == "error":
-        elem: Failure | Error = Failure(head[:300], result.first_failure.message.split(":")[0]
-                                        if result.first_failure else "error")
+        elem: Failure | Error = Failure(head[:300], xml_safe(
+            result.first_failure.message.split(":")[0]) if result.first_failure else "error")
     else:
         elem = Error(head[:300], result.status.value)
     elem.text = _failure_text(result)
@@ -135,8 +158,13 @@ def write_junit(path: str | os.PathLike[str], xml: JUnitXml) -> None:
     atomic_write_bytes(path, data if isinstance(data, bytes) else data.encode())
 
 
-def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> JUnitXml:
-    """Merge world files into one report, regrouping testcases into one suite per target."""
+def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                run_id: str = "") -> JUnitXml:
+    """Merge world files into one report, regrouping testcases into one suite per target.
+
+    ``run_id`` is stamped on every suite (property ``cpmatrix.run_id``): which run wrote
+    the report, for tools that must not mix reports of different runs.
+    """
     suites: dict[str, TestSuite] = {}
     for path in paths:
         for suite in JUnitXml.fromfile(os.fspath(path)):
@@ -149,6 +177,8 @@ def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
     xml = JUnitXml("cpmatrix")
     for name in sorted(suites):
         suites[name].update_statistics()
+        if run_id:
+            suites[name].add_property("cpmatrix.run_id", run_id)
         xml.add_testsuite(suites[name])
     xml.update_statistics()
     write_junit(out, xml)

@@ -26,6 +26,9 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     CRASH = "crash"
     SKIPPED = "skipped"
+    #: The run was stopped (Ctrl-C, SIGTERM) before the cell finished. Never ok, and no
+    #: gate policy can allow it (unlike SKIPPED).
+    INTERRUPTED = "interrupted"
 
     @property
     def ok(self) -> bool:
@@ -101,19 +104,63 @@ class Result:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Result:
-        return cls(
-            cell_id=d["cell_id"],
-            status=Status(d["status"]),
-            kind=FailureKind(d["kind"]) if d.get("kind") else None,
-            failing_ranks=tuple(d.get("failing_ranks", ())),
-            failures=tuple(RankFailure(**f) for f in d.get("failures", ())),
-            stderr_tails={int(k): v for k, v in d.get("stderr_tails", {}).items()},
-            evidence=dict(d.get("evidence", {})),
-            duration_s=float(d.get("duration_s", 0.0)),
-            case_s=float(d.get("case_s", 0.0)),
-            attempts=int(d.get("attempts", 1)),
-            message=d.get("message", ""),
-            out_dir=d.get("out_dir", ""),
-            mutant=d.get("mutant", ""),
-        )
+    def from_dict(cls, d: Any) -> Result:
+        """The inverse of :meth:`to_dict`; ``ValueError`` naming the field for a wrong shape.
+
+        Cache entries and result files come from disk: a field of the wrong type must be a
+        clean "ignore this entry", never an exception deep inside a run.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"a result must be a mapping, got {type(d).__name__}")
+        try:
+            return cls(
+                cell_id=_typed(d, "cell_id", str, None),
+                status=Status(_typed(d, "status", str, None)),
+                kind=FailureKind(d["kind"]) if d.get("kind") else None,
+                failing_ranks=tuple(_ints(_typed(d, "failing_ranks", list, []),
+                                          "failing_ranks")),
+                failures=tuple(_failure(f) for f in _typed(d, "failures", list, [])),
+                stderr_tails={int(k): _str(v, "stderr_tails")
+                              for k, v in _typed(d, "stderr_tails", dict, {}).items()},
+                evidence=dict(_typed(d, "evidence", dict, {})),
+                duration_s=float(_typed(d, "duration_s", (int, float), 0.0)),
+                case_s=float(_typed(d, "case_s", (int, float), 0.0)),
+                attempts=int(_typed(d, "attempts", int, 1)),
+                message=_typed(d, "message", str, ""),
+                out_dir=_typed(d, "out_dir", str, ""),
+                mutant=_typed(d, "mutant", str, ""),
+            )
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"malformed result: {exc}") from None
+
+
+def _typed(d: dict[str, Any], key: str, kind: Any, default: Any) -> Any:
+    """``d[key]`` if it has type ``kind``; ``default`` when absent (None: required)."""
+    if key not in d:
+        if default is None:
+            raise ValueError(f"malformed result: missing {key!r}")
+        return default
+    value = d[key]
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+        raise ValueError(f"malformed result: {key} is {type(value).__name__}, "
+                         f"not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _str(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"malformed result: {key} holds {type(value).__name__}")
+    return value
+
+
+def _ints(values: list[Any], key: str) -> list[int]:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"malformed result: {key} must hold integers")
+    return values
+
+
+def _failure(f: Any) -> RankFailure:
+    if not isinstance(f, dict):
+        raise ValueError(f"malformed result: failures hold {type(f).__name__}, not mappings")
+    return RankFailure(rank=_typed(f, "rank", int, None), message=_typed(f, "message", str, ""),
+                       traceback=_typed(f, "traceback", str, ""), check=_typed(f, "check", str, ""))

@@ -94,17 +94,28 @@ class ReportCell:
 
 
 def _status_of(name: str, props: Mapping[str, str], results: Sequence[Any], where: str) -> Status:
+    """The testcase's status: its result elements win over its ``status`` property.
+
+    A ``<failure>``/``<error>`` element always means failed, whatever the property says
+    (a hand-edited or foreign report could otherwise carry a failure marked passed); a
+    ``<skipped>`` element turns a "passed" property into skipped.
+    """
     raw = props.get("status")
-    if raw is None:  # a plain JUnit testcase: read the verdict from its result element
-        if any(isinstance(r, Failure | Error) for r in results):
-            return Status.FAILED
-        return Status.SKIPPED if any(isinstance(r, Skipped) for r in results) else Status.PASSED
-    try:
-        return Status(raw)
-    except ValueError:
-        allowed = ", ".join(s.value for s in Status)
-        raise ReportError(f"{where}: testcase {name!r}: unknown status {raw!r} "
-                          f"(allowed: {allowed})") from None
+    status: Status | None = None
+    if raw is not None:
+        try:
+            status = Status(raw)
+        except ValueError:
+            allowed = ", ".join(s.value for s in Status)
+            raise ReportError(f"{where}: testcase {name!r}: unknown status {raw!r} "
+                              f"(allowed: {allowed})") from None
+    if any(isinstance(r, Failure | Error) for r in results):
+        if status in (Status.FAILED, Status.TIMEOUT, Status.CRASH):
+            return status
+        return Status.FAILED
+    if any(isinstance(r, Skipped) for r in results) and (status is None or status.ok):
+        return Status.SKIPPED
+    return Status.PASSED if status is None else status
 
 
 def _properties_of(case: Any) -> dict[str, str]:
