@@ -28,6 +28,9 @@ from .spec import (
     DTYPES,
     KINDS,
     LEVELS,
+    MAX_CELLS,
+    MAX_RANKS,
+    MAX_TIMEOUT_S,
     NAME_RE,
     PATHS,
     TIMEOUT_CLASSES,
@@ -46,13 +49,16 @@ __all__ = [
     "ALLOWED_KEYS",
     "load_matrix",
     "parse_matrix",
+    "read_spec_text",
+    "reject_duplicate_keys",
 ]
 
 #: The schema's keys, per section. A test freezes this so it only grows on purpose.
 ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
-    "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude", "include"),
+    "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude", "include",
+               "max_cells"),
     "defaults": ("mesh", "dtype", "autocast", "path"),
-    "platform": ("backend", "device", "image", "env", "description"),
+    "platform": ("backend", "device", "image", "env", "description", "max_ranks"),
     "target": (
         "name",
         "case",
@@ -98,6 +104,8 @@ class _Ctx:
     def __init__(self, file: str, loader: yaml.SafeLoader) -> None:
         self.file = file
         self.loader = loader
+        #: (YAML path of a mesh list, mesh text) -> its node, for located rank-limit errors.
+        self.mesh_nodes: dict[tuple[str, str], tuple[yaml.Node, str]] = {}
 
     def error(
         self, node: yaml.Node, path: str, message: str, allowed: str = ""
@@ -218,6 +226,8 @@ def _axis_list(ctx: _Ctx, axis: str, node: yaml.Node, path: str) -> tuple[str, .
         if text in values:
             raise ctx.error(item, ipath, f"duplicate {axis} value {text!r}")
         values.append(text)
+        if axis == "mesh":
+            ctx.mesh_nodes[(path, text)] = (item, ipath)
     return tuple(values)
 
 
@@ -252,6 +262,9 @@ def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
     description = ""
     if "description" in fields:
         description = ctx.string(fields["description"], f"{path}.description")
+    max_ranks = MAX_RANKS
+    if "max_ranks" in fields:
+        max_ranks = _positive_int(ctx, fields["max_ranks"], f"{path}.max_ranks")
     return Platform(
         name=name,
         backend=backend,  # type: ignore[arg-type]  # checked against _BACKENDS above
@@ -259,24 +272,37 @@ def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
         image=ctx.string(fields["image"], f"{path}.image"),
         env=tuple(env),
         description=description,
+        max_ranks=max_ranks,
     )
+
+
+def _positive_int(ctx: _Ctx, node: yaml.Node, path: str) -> int:
+    value = ctx.scalar(node, path)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ctx.error(node, path, f"expected a positive integer, got {value!r}")
+    return value
 
 
 def _timeout(ctx: _Ctx, node: yaml.Node, path: str) -> int:
     value = ctx.scalar(node, path)
     if isinstance(value, str) and value in TIMEOUT_CLASSES:
         return timeout_seconds(value)
+    allowed = ", ".join(f"{k} ({v} s)" for k, v in TIMEOUT_CLASSES.items())
+    allowed += f", or seconds in (0, {MAX_TIMEOUT_S}]"
     if (
         isinstance(value, int | float)
         and not isinstance(value, bool)
         and value > 0
         and (isinstance(value, int) or math.isfinite(value))
     ):
+        if value > MAX_TIMEOUT_S:
+            shown = repr(value) if len(repr(value)) < 24 else f"{repr(value)[:12]}..."
+            raise ctx.error(node, path, f"timeout {shown} s is above the limit of "
+                            f"{MAX_TIMEOUT_S} s (one day)", allowed)
         return timeout_seconds(value)
-    allowed = ", ".join(f"{k} ({v} s)" for k, v in TIMEOUT_CLASSES.items())
     raise ctx.error(
         node, path, f"bad timeout {value!r}: neither a class nor a positive number of seconds",
-        allowed + ", or seconds > 0",
+        allowed,
     )
 
 
@@ -529,6 +555,8 @@ def _clause(
                 values.append(str(value))
             elif key in ("level", "mesh", "dtype", "autocast", "path"):
                 values.append(_axis_value(ctx, key, value, item, ipath))
+                if key == "mesh":
+                    ctx.mesh_nodes[(kpath, str(values[-1]))] = (item, ipath)
             else:
                 text = _render(value)
                 known = sorted({_render(v) for v in declared[key]})
@@ -652,6 +680,12 @@ def _matrix(ctx: _Ctx, root: yaml.Node, base_dir: str) -> Matrix:
                             platform_names, section == "include")
                 )
 
+    max_cells = MAX_CELLS
+    if "max_cells" in sections:
+        max_cells = _positive_int(ctx, sections["max_cells"], "max_cells")
+    _check_ranks(ctx, platforms, targets, clauses["include"], sections)
+    _check_size(ctx, platforms, targets, clauses["include"], max_cells, sections)
+
     pythonpath: list[str] = []
     if "pythonpath" in sections:
         for value, item, ipath in ctx.scalar_list(sections["pythonpath"], "pythonpath"):
@@ -670,7 +704,85 @@ def _matrix(ctx: _Ctx, root: yaml.Node, base_dir: str) -> Matrix:
         exclude=tuple(clauses["exclude"]),
         include=tuple(clauses["include"]),
         pythonpath=tuple(pythonpath),
+        max_cells=max_cells,
     )
+
+
+def _target_platforms(target: Target, platforms: tuple[Platform, ...]) -> list[Platform]:
+    return [p for p in platforms if not target.platforms or p.name in target.platforms]
+
+
+def _check_ranks(ctx: _Ctx, platforms: tuple[Platform, ...], targets: list[Target],
+                 includes: list[Clause], sections: dict[str, yaml.Node]) -> None:
+    """Every mesh a cell can get fits the ``max_ranks`` of each platform it runs on."""
+
+    def check(mesh: str, on: list[Platform], node: yaml.Node, path: str) -> None:
+        size = Mesh.parse(mesh).world_size
+        for p in on:
+            if size > p.max_ranks:
+                raise ctx.error(
+                    node, path, f"mesh {mesh} needs {size} ranks, above platforms.{p.name}."
+                    f"max_ranks ({p.max_ranks}): that many processes would start on one "
+                    "world", f"meshes up to {p.max_ranks} ranks, or raise max_ranks")
+
+    for i, target in enumerate(targets):
+        on = _target_platforms(target, platforms)
+        for source in (f"targets[{i}].axes.mesh", "defaults.mesh"):
+            found = [(m, ctx.mesh_nodes[(source, m)]) for m in target.axis("mesh")
+                     if (source, m) in ctx.mesh_nodes]
+            for mesh, (node, path) in found:
+                check(mesh, on, node, path)
+            if found:
+                break
+        else:  # the built-in default (1x1)
+            for mesh in target.axis("mesh"):
+                check(mesh, on, sections["targets"], f"targets[{i}]")
+    for clause in includes:
+        meshes = clause.get("mesh")
+        if not meshes:
+            continue
+        names = clause.get("platform")
+        scoped = clause.get("target")
+        on = [p for p in platforms if names is None or p.name in names]
+        if scoped is not None:
+            allowed = {p.name for t in targets if t.name in scoped
+                       for p in _target_platforms(t, platforms)}
+            on = [p for p in on if p.name in allowed]
+        for value in meshes:
+            node, path = ctx.mesh_nodes[(f"{clause.label}.mesh", str(value))]
+            check(str(value), on, node, path)
+
+
+def _check_size(ctx: _Ctx, platforms: tuple[Platform, ...], targets: list[Target],
+                includes: list[Clause], limit: int, sections: dict[str, yaml.Node]) -> None:
+    """Refuse a matrix whose product exceeds ``limit`` cells, before expanding it."""
+    total = 0
+    for target in targets:
+        count = len(_target_platforms(target, platforms))
+        for _, values in target.axes:
+            count *= len(values)
+        for _, pvalues in target.params:
+            count *= len(pvalues)
+        total += count
+    for clause in includes:  # an upper bound: each include adds at most its own product
+        scoped = clause.get("target")
+        for target in targets:
+            if scoped is not None and target.name not in scoped:
+                continue
+            count = 1
+            slots: list[tuple[str, int]] = [
+                ("platform", len(_target_platforms(target, platforms))),
+                *((k, len(v)) for k, v in target.axes), *((k, len(v)) for k, v in target.params)]
+            for key, size in slots:
+                given = clause.get(key)
+                count *= len(given) if given is not None else size
+            total += count
+    if total > limit:
+        raise ctx.error(
+            sections["targets"], "targets",
+            f"the matrix would expand to {total:,} cells (before exclusions), above max_cells "
+            f"({limit:,})", "set a larger 'max_cells:' at the top of the matrix if you mean it",
+        )
 
 
 def _child(node: yaml.Node, key: str) -> yaml.Node | None:
@@ -688,6 +800,30 @@ def load_matrix(path: str | os.PathLike[str]) -> Matrix:
     """
     file = os.fspath(path)
     return parse_matrix(read_spec_text(file, "matrix"), file)
+
+
+def reject_duplicate_keys(file: str, root: yaml.Node | None) -> None:
+    """Raise :class:`SpecError` at the second of two equal keys in any mapping of ``root``.
+
+    PyYAML keeps the last of duplicate keys silently; every spec file cpmatrix reads
+    (matrices, gates) refuses them instead, so no setting is overridden by accident.
+    """
+    stack = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+                sub = f"{path}.{key}" if path else key
+                if key in seen:
+                    mark = key_node.start_mark
+                    raise SpecError(file, mark.line + 1, mark.column + 1, sub,
+                                    f"duplicate key {key!r}")
+                seen.add(key)
+                stack.append((value_node, sub))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
 
 
 def read_spec_text(file: str, what: str) -> str:

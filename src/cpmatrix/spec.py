@@ -24,6 +24,9 @@ __all__ = [
     "DTYPES",
     "KINDS",
     "LEVELS",
+    "MAX_CELLS",
+    "MAX_RANKS",
+    "MAX_TIMEOUT_S",
     "PATHS",
     "TIMEOUT_CLASSES",
     "Cell",
@@ -49,6 +52,15 @@ KINDS: Final = ("parity", "property", "spill")
 AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
 #: Bazel's test-size timeouts, per cell.
 TIMEOUT_CLASSES: Final = {"short": 60, "moderate": 300, "long": 900, "eternal": 3600}
+#: The longest timeout a cell may declare (one day): a bound, so that a typo such as
+#: ``1e38`` is a spec error at load time rather than an overflow inside the ranks.
+MAX_TIMEOUT_S: Final = 86400
+#: Default largest world a platform may launch (``platforms.<p>.max_ranks`` overrides):
+#: a mesh of 100x100 would otherwise start 10,000 processes.
+MAX_RANKS: Final = 64
+#: Default largest matrix, counted before exclusions (``max_cells:`` overrides). Checked
+#: before expanding: a product of 10^7 cells would fill memory first.
+MAX_CELLS: Final = 100_000
 
 REDUCED_PRECISION: Final = ("bf16", "fp16")
 
@@ -70,8 +82,9 @@ def timeout_seconds(value: str | int | float) -> int:
     if isinstance(value, str):
         return TIMEOUT_CLASSES[value]
     not_finite = isinstance(value, float) and not math.isfinite(value)
-    if isinstance(value, bool) or not_finite or value <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
+    if isinstance(value, bool) or not_finite or value <= 0 or value > MAX_TIMEOUT_S:
+        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S}], "
+                         f"got {value!r}")
     return max(1, round(value))
 
 
@@ -112,6 +125,8 @@ class Platform:
     env: tuple[tuple[str, str], ...] = ()
     #: A short human description.
     description: str = ""
+    #: The largest world (ranks) a cell of this platform may need; a sanity bound.
+    max_ranks: int = MAX_RANKS
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -228,6 +243,8 @@ class Matrix:
     include: tuple[Clause, ...] = ()
     #: Directories (absolute) searched for case modules, before sys.path.
     pythonpath: tuple[str, ...] = ()
+    #: The most cells the matrix may expand to (counted before exclusions).
+    max_cells: int = MAX_CELLS
 
     def platform(self, name: str) -> Platform:
         for p in self.platforms:
@@ -260,6 +277,9 @@ class Cell:
     digest: str = field(compare=False, default="")
     #: For spill cells: the canonical JSON of the compile spec (see SpillBlock.for_cell).
     spill: str = ""
+    #: The case module's file whose source the digest covers; the worker refuses to run
+    #: the case from any other file (a module of the same name earlier on its path).
+    case_file: str = field(compare=False, default="")
 
     @property
     def world_size(self) -> int:

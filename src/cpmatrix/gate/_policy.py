@@ -19,7 +19,7 @@ from typing import Any, Final
 import yaml
 
 from ..errors import SpecError, UsageError
-from ..load import read_spec_text
+from ..load import read_spec_text, reject_duplicate_keys
 from ..select import parse_keyword_expr
 
 __all__ = ["DEFAULT_DRIFT_KEYS", "POLICY_KEYS", "Policy", "expected_cells", "load_policies"]
@@ -212,6 +212,7 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(file, line, col, "", f"invalid YAML: {problem}") from None
+    reject_duplicate_keys(file, root)
     reader = _Reader(file, root)
     if not isinstance(data, dict):
         raise reader.error([], "must be a mapping with 'version: 1' and 'policies:'")
