@@ -189,7 +189,11 @@ def test_loosened_tolerance_without_reason_is_refused(runs: dict[str, Run]) -> N
 def test_fp32_round_trip_in_fp64_path_is_caught_by_fp64_defaults(runs: dict[str, Run]) -> None:
     for mesh in MESHES:
         r = runs["mutants"].cell(f"linear[layer,{mesh}", "fp32_roundtrip")
-        assert r["evidence"]["killed_by"] == "output"
+        assert r["evidence"]["mutant_outcome"] == "killed"
+        # Which comparison trips first sits at the 1e-7 boundary and depends on the CPU's
+        # fp32 summation order (AVX2 vs AVX-512 kernels): the output on some machines, the
+        # weight grad on others. Either way the fp64 table's tolerance is what caught it.
+        assert r["evidence"]["killed_by"] in ("output", "param_grad"), r["evidence"]
         assert r["evidence"]["parity.rtol"] == 1e-7
 
 

@@ -7,6 +7,8 @@ The action digest covers everything a cell's result depends on:
   (found by reading ``import`` statements, without importing anything);
 - cpmatrix's version and the source of its worker-side modules;
 - the runner's identity (the image digest when cells run in a container);
+- the interpreter that runs the worlds (real path, version) and its installed
+  distributions (every ``name==version``; see :mod:`cpmatrix.toolchain`);
 - the values of the environment allow-list and the platform's environment.
 
 Only passes are stored; failures, flaky results and timeouts are never reused. Entries
@@ -39,7 +41,8 @@ from .spec import Cell
 __all__ = ["ActionKeys", "ResultCache", "default_cache_dir"]
 
 #: Modules of cpmatrix that run inside the world: a change to them changes every result.
-_RUNTIME_MODULES = ("cpmatrix.worker", "cpmatrix.cell", "cpmatrix.fsutil")
+_RUNTIME_MODULES = ("cpmatrix.worker", "cpmatrix.cell", "cpmatrix.fsutil", "cpmatrix.isolation",
+                    "cpmatrix.procs")
 
 
 def default_cache_dir() -> Path:
@@ -128,7 +131,7 @@ class ActionKeys:
 
     def digest(
         self, cell: Cell, *, runner_identity: Mapping[str, str], env: Mapping[str, str],
-        mutant: str = "",
+        toolchain: Mapping[str, str], mutant: str = "",
     ) -> str:
         module = cell.case.split(":", 1)[0]
         payload = {
@@ -136,6 +139,7 @@ class ActionKeys:
             "closure": self.module_closure_digest(module),
             "runtime": self.runtime_digest,
             "runner": dict(runner_identity),
+            "toolchain": dict(toolchain),
             "env": dict(env),
             "mutant": mutant,
         }
@@ -158,7 +162,7 @@ class ResultCache:
             result = Result.from_dict(data["result"])
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # corrupt or foreign: ignored, rewritten by the next pass
         if data.get("digest") != digest or result.cell_id != cell_id:
             return None

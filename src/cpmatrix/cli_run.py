@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,12 +20,16 @@ from pathlib import Path
 from .cache import ActionKeys, ResultCache, default_cache_dir
 from .console import Progress, format_summary
 from .errors import ExitCode, UsageError
+from .fsutil import atomic_write_json
+from .outdir import OutClaim, claim_out
 from .plan import plan_batches
 from .result import Result
 from .runners.base import ENV_ALLOW, Runner, get_runner, runner_names
 from .session import load_durations, run_cells
 from .spec import Cell, Matrix, Platform
+from .stopping import exit_code_for, stop_on_signals
 from .supervise import WorldOptions
+from .toolchain import interpreter_identity
 
 __all__ = ["add_run_parser", "cmd_run", "discover_mutants", "visible_cuda_devices"]
 
@@ -101,7 +106,8 @@ def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
 
 
 def make_world_options(
-    matrix: Matrix, out: Path, runner: Runner, *, abort_grace: float, python: str = sys.executable
+    matrix: Matrix, out: Path, runner: Runner, *, abort_grace: float, python: str = sys.executable,
+    run_id: str = "",
 ) -> WorldOptions:
     project_root = str(Path(matrix.path).resolve().parent.parent)
     src_dir = str(Path(__file__).resolve().parent.parent)
@@ -109,9 +115,11 @@ def make_world_options(
         out_root=out,
         runner=runner,
         pythonpath=(*matrix.pythonpath, src_dir),
+        project_roots=matrix.pythonpath,
         project_root=project_root,
         abort_grace_s=abort_grace,
         python=python,
+        run_id=run_id,
     )
 
 
@@ -170,7 +178,7 @@ def discover_mutants(matrix: Matrix, cells: list[Cell], python: str = sys.execut
 
 def _cache_for(
     args: argparse.Namespace, cells: list[Cell], options: WorldOptions,
-    platforms: dict[str, Platform], mutants: bool,
+    platforms: dict[str, Platform], mutants: bool, toolchain: dict[str, str],
 ) -> tuple[dict[str, Result], Callable[[Cell, Result], None] | None]:
     """Cached passes for ``cells`` and a function that stores new passes."""
     if args.no_cache:
@@ -184,7 +192,8 @@ def _cache_for(
     digests = {
         c.id: keys.digest(c, runner_identity={**identity, **(compiler if c.kind == "spill"
                                                              else {})},
-                          env={**allow, **dict(platforms[c.platform].env)})
+                          env={**allow, **dict(platforms[c.platform].env)},
+                          toolchain=toolchain)
         for c in cells
     }
     hits: dict[str, Result] = {}
@@ -244,6 +253,23 @@ def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError("--batch-size must be >= 1")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be >= 1")
+    out = Path(args.out).resolve()
+    # Claim --out first: whatever happens next (a spec error included), the folder can no
+    # longer hold the previous run's report for a gate to read as this run's.
+    claim = None if args.dry_run else claim_out(out)
+    try:
+        return _run(args, out, claim)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _run(args: argparse.Namespace, out: Path, claim: OutClaim | None) -> int:
     from .cli import nothing_selected, select_from_args
 
     matrix, expansion, cells = select_from_args(args)
@@ -252,15 +278,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cells:
         print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UsageError("--batch-size must be >= 1")
-    if args.jobs < 1:
-        raise UsageError("--jobs must be >= 1")
-    out = Path(args.out).resolve()
     platforms = {p.name: p for p in matrix.platforms}
     if args.dry_run:
         _print_plan(cells, args, out)
         return ExitCode.OK
+    assert claim is not None
     needs_cuda = any(platforms[c.platform].device == "cuda" and c.kind != "spill"
                      for c in cells)
     gpus = args.gpus if args.gpus is not None else (visible_cuda_devices() if needs_cuda else 0)
@@ -274,22 +296,31 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"a {widest}-rank cuda cell needs {widest} devices; {gpus} visible")
     runner, why = resolve_runner(args.runner, platforms[cells[0].platform])
     print(f"runner: {runner.name} ({why})", flush=True)
+    toolchain = interpreter_identity(args.python)
     mutants = discover_mutants(matrix, cells, args.python) if args.mutants else None
     options = make_world_options(matrix, out, runner, abort_grace=args.abort_grace,
-                                 python=args.python)
-    cached, store = _cache_for(args, cells, options, platforms, mutants is not None)
+                                 python=args.python, run_id=claim.run_id)
+    cached, store = _cache_for(args, cells, options, platforms, mutants is not None, toolchain)
+    atomic_write_json(out / "run.json", {"run_id": claim.run_id, "argv": sys.argv,
+                                         "toolchain": toolchain, "runner": runner.name})
     progress = Progress(force_plain=args.plain)
-    try:
-        report = run_cells(
-            cells, platforms, options, batch_size=args.batch_size, jobs=args.jobs,
-            devices=gpus, mutants=mutants, keep_order=args.keep_order, cached=cached, store=store,
-            spill_cache=None if args.no_cache else cache_root(args) / "spill",
-            on_start=progress.start, on_result=progress.update,
-        )
-    finally:
-        progress.stop()
-    _write_html(out)
-    print(format_summary(report, os.path.relpath(out)))
-    if mutants is not None:
-        print(report.mutant_line())
+    with stop_on_signals() as stopper:
+        try:
+            report = run_cells(
+                cells, platforms, options, batch_size=args.batch_size, jobs=args.jobs,
+                devices=gpus, mutants=mutants, keep_order=args.keep_order, cached=cached,
+                store=store, spill_cache=None if args.no_cache else cache_root(args) / "spill",
+                on_start=progress.start, on_result=progress.update, stopper=stopper,
+            )
+        finally:
+            progress.stop()
+        _write_html(out)
+        print(format_summary(report, os.path.relpath(out)))
+        if mutants is not None:
+            print(report.mutant_line())
+    stopped = report.stopped_by or stopper.signum
+    if stopped is not None:
+        print(f"stopped by {signal.Signals(stopped).name}: unfinished cells are reported as "
+              "interrupted", file=sys.stderr)
+        return exit_code_for(stopped)
     return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES

@@ -91,7 +91,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from .cli_run import make_world_options, resolve_runner
     from .console import format_summary
     from .errors import ExitCode
+    from .outdir import claim_out
     from .session import run_cells
+    from .stopping import exit_code_for, stop_on_signals
 
     matrix, expansion = load_and_expand(args.matrix)
     cell = next((c for c in expansion.cells if c.id == args.cell_id), None)
@@ -102,7 +104,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     runner, why = resolve_runner(args.runner, platforms[cell.platform])
     print(f"runner: {runner.name} ({why})")
     out = Path(args.out or "out/repro").resolve()
-    options = make_world_options(matrix, out, runner, abort_grace=5.0)
+    claim = claim_out(out)
+    options = make_world_options(matrix, out, runner, abort_grace=5.0, run_id=claim.run_id)
     paste = [
         "cpmatrix", "repro", cell.id, "--matrix", args.matrix, "--runner", runner.name,
     ] + (["--mutant", args.mutant] if args.mutant else [])
@@ -111,10 +114,14 @@ def cmd_repro(args: argparse.Namespace) -> int:
     mutants = {cell.id: [args.mutant]} if args.mutant else None
     streamer.start()
     try:
-        report = run_cells([cell], platforms, options, mutants=mutants)
+        with stop_on_signals() as stopper:
+            report = run_cells([cell], platforms, options, mutants=mutants, stopper=stopper)
     finally:
         streamer.stop()
+        claim.release()
     print(format_summary(report, str(out)))
+    if report.stopped_by is not None:
+        return exit_code_for(report.stopped_by)
     result = next(iter(report.results.values()))
     for key, value in sorted(result.evidence.items()):
         print(f"evidence {key} = {value!r}")

@@ -5,14 +5,20 @@ per-world fault handling lives in :mod:`cpmatrix.supervise`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
 once alone (passed on retry -> FLAKY); a world that cannot start is retried twice
-and then its cells fail with the launcher's error; the report is written atomically.
+and then its cells fail with the launcher's error; the report is written atomically,
+in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells ``interrupted``) and after an
+internal error of cpmatrix (unfinished cells ``crash``, the error named, then re-raised).
+When the run ends, no process it started is left (see :mod:`cpmatrix.procs`).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sys
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -21,9 +27,11 @@ from pathlib import Path
 from .fsutil import atomic_write_json, read_json, tail_lines
 from .junit import merge_junit, results_to_junit, testcase_name, write_junit
 from .plan import DevicePool, plan_batches
+from .procs import descendants, kill_all, processes_with_token, reap_orphans, set_child_subreaper
 from .result import FailureKind, Result, Status
 from .spec import Cell, Platform
 from .spill_exec import run_spill_cells
+from .stopping import Stopper, StopRequested
 from .supervise import Entry, WorldOptions, WorldRun
 
 __all__ = ["RunReport", "load_durations", "run_cells"]
@@ -41,6 +49,8 @@ class RunReport:
     world_starts: int
     report_path: Path
     worlds: int = 0
+    #: The signal that stopped the run early (SIGINT, SIGTERM), if any.
+    stopped_by: int | None = None
 
     def mutant_line(self) -> str:
         """``mutants: K/N killed (kill rate X%)``, naming the survivors."""
@@ -92,14 +102,22 @@ def run_cells(
     spill_cache: Path | None = None,
     on_result: Callable[[Entry, Result], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    stopper: Stopper | None = None,
 ) -> RunReport:
-    """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report."""
+    """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
+
+    The report is written whatever happens: a Ctrl-C/SIGTERM (``StopRequested``) ends the
+    run early with the unfinished cells ``interrupted`` (``RunReport.stopped_by``); an
+    exception of cpmatrix itself fails the unfinished cells naming it, and is re-raised
+    once the report is written.
+    """
     out = options.out_root
     out.mkdir(parents=True, exist_ok=True)
     # A previous run's worlds and cell folders would be read as this run's progress.
     for stale in ("worlds", "cells", "spill"):
         shutil.rmtree(out / stale, ignore_errors=True)
-    t0 = time.monotonic()
+    session = _Session(options, platforms, jobs=jobs, devices=devices, store=store,
+                       on_result=on_result)
     durations = load_durations(out)
     cached = cached or {}
     hits = [c for c in cells if c.id in cached and not mutants]
@@ -109,41 +127,109 @@ def run_cells(
                             and c.kind != "spill"],
                            durations=durations, batch_size=batch_size, mutants=mutants,
                            keep_order=keep_order)
-    planned: list[Entry] = []
-    queue: deque[_Item] = deque()
     for b in batches:
         entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
-        planned.extend(entries)
-        queue.append(_Item(batch=b.name, entries=entries))
+        session.planned.extend(entries)
+        session.queue.append(_Item(batch=b.name, entries=entries))
+    session.planned.extend(Entry(cell=c) for c in spill_cells)
     if on_start is not None:
-        on_start(len(planned) + len(hits) + len(spill_cells))
-
-    results: dict[str, Result] = {}
-    first_crash: dict[str, Result] = {}
-    by_batch: dict[str, list[str]] = {}
-    active: list[tuple[_Item, WorldRun]] = []
-    pool = DevicePool(devices)
-    world_starts = 0
-    cell_index = {c.id: c for c in cells}
+        on_start(len(session.planned) + len(hits))
     for c in hits:
         entry = Entry(cell=c)
-        planned.append(entry)
-        results[entry.key] = cached[c.id]
-        by_batch.setdefault("cached", []).append(entry.key)
-        if on_result is not None:
-            on_result(entry, cached[c.id])
+        session.planned.append(entry)
+        session.record("cached", entry, cached[c.id])
 
-    def finish(item: _Item, entry: Entry, result: Result) -> None:
+    stopped_by: int | None = None
+    internal: BaseException | None = None
+    children_before = set(descendants(os.getpid()))
+    subreaper = set_child_subreaper(True)
+    try:
+        if spill_cells:
+            item = _Item(batch="spill", entries=[])
+            for cell, result in run_spill_cells(spill_cells, out_root=out,
+                                                search_path=options.pythonpath,
+                                                cache_dir=spill_cache, python=options.python):
+                session.finish(item, Entry(cell=cell), result)
+        session.run_worlds()
+    except StopRequested as exc:
+        stopped_by = exc.signum
+    except KeyboardInterrupt:  # a SIGINT outside stop_on_signals (e.g. a direct caller)
+        stopped_by = signal.SIGINT
+    except Exception as exc:  # a bug of cpmatrix: the report still says what happened
+        internal = exc
+    finally:
+        if stopper is not None:
+            stopper.hold()  # from here on a signal only waits for the report
+        session.kill_worlds()
+        _sweep_run(options.run_id, children_before)
+        if subreaper:
+            set_child_subreaper(False)
+    session.close_unfinished(stopped_by, internal)
+
+    ordered = {e.key: session.results[e.key] for e in session.planned}
+    cell_index = {c.id: c for c in cells}
+    world_files = []
+    for batch, keys in session.by_batch.items():
+        path = out / "worlds" / f"{batch}.junit.xml"
+        write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
+        world_files.append(path)
+    report = out / "report.xml"
+    merge_junit(world_files, report, run_id=options.run_id)
+    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
+    new_durations = dict(durations)
+    for r in ordered.values():
+        if r.status is Status.PASSED and not r.mutant:
+            new_durations[r.cell_id] = round(r.duration_s, 4)
+    atomic_write_json(out / "durations.json", new_durations)
+    if internal is not None:
+        raise internal
+    return RunReport(
+        results=ordered, wall_s=time.monotonic() - session.t0,
+        world_starts=session.world_starts, report_path=report, worlds=len(batches),
+        stopped_by=stopped_by,
+    )
+
+
+class _Session:
+    """The state of one run: the queue of worlds, those running, and the results."""
+
+    def __init__(self, options: WorldOptions, platforms: Mapping[str, Platform], *,
+                 jobs: int, devices: int, store: Callable[[Cell, Result], None] | None,
+                 on_result: Callable[[Entry, Result], None] | None) -> None:
+        self.options = options
+        self.platforms = platforms
+        self.jobs = max(1, jobs)
+        self.devices = devices
+        self.pool = DevicePool(devices)
+        self.store = store
+        self.on_result = on_result
+        self.t0 = time.monotonic()
+        self.planned: list[Entry] = []
+        self.queue: deque[_Item] = deque()
+        self.active: list[tuple[_Item, WorldRun]] = []
+        self.results: dict[str, Result] = {}
+        self.first_crash: dict[str, Result] = {}
+        self.by_batch: dict[str, list[str]] = {}
+        self.world_starts = 0
+
+    def record(self, batch: str, entry: Entry, result: Result) -> None:
+        self.results[entry.key] = result
+        self.by_batch.setdefault(batch, []).append(entry.key)
+        if self.on_result is not None:
+            self.on_result(entry, result)
+
+    def finish(self, item: _Item, entry: Entry, result: Result) -> None:
+        """Take a result: mutant scoring, crash retry (FLAKY or FAILED), the cache."""
         key = entry.key
-        if key in results:
+        if key in self.results:
             # Never two results for one cell: the first one stands.
             print(f"cpmatrix: internal: a second result for {key} was dropped "
                   f"({result.status.value})", file=sys.stderr)
             return
         if entry.mutant:
             result = interpret_mutant(result)
-        elif entry.attempt > 1 and key in first_crash:
-            first = first_crash.pop(key)
+        elif entry.attempt > 1 and key in self.first_crash:
+            first = self.first_crash.pop(key)
             if result.status is Status.PASSED:
                 result = replace(
                     first, status=Status.FLAKY, attempts=entry.attempt,
@@ -159,101 +245,107 @@ def run_cells(
               and entry.cell.kind != "spill"
               and not result.message.startswith("could not start")):
             # Crashed: retry alone once, to tell FLAKY from FAILED.
-            first_crash[key] = result
-            queue.append(_Item(batch=f"{item.batch}-retry", entries=[replace(entry, attempt=2)]))
+            self.first_crash[key] = result
+            self.queue.append(_Item(batch=f"{item.batch}-retry",
+                                    entries=[replace(entry, attempt=2)]))
             return
-        results[key] = result
-        if store is not None and result.status is Status.PASSED and not entry.mutant:
-            store(entry.cell, result)
-        by_batch.setdefault(item.batch.removesuffix("-retry"), []).append(key)
-        if on_result is not None:
-            on_result(entry, result)
+        if self.store is not None and result.status is Status.PASSED and not entry.mutant:
+            self.store(entry.cell, result)
+        self.record(item.batch.removesuffix("-retry"), entry, result)
 
-    if spill_cells:
-        spill_item = _Item(batch="spill", entries=[])
-        for cell, result in run_spill_cells(spill_cells, out_root=out,
-                                            search_path=options.pythonpath,
-                                            cache_dir=spill_cache, python=options.python):
-            entry = Entry(cell=cell)
-            planned.append(entry)
-            finish(spill_item, entry, result)
-
-    try:
-        while queue or active:
-            # Launch what fits (cpu: up to `jobs` worlds; cuda: also disjoint devices).
-            while queue and len(active) < max(1, jobs):
-                item = queue[0]
-                platform = platforms[item.entries[0].cell.platform]
-                need = item.entries[0].cell.world_size if platform.device == "cuda" else 0
-                devs: tuple[int, ...] = ()
-                if need:
-                    taken = pool.take(need)
-                    if taken is None:
-                        if not active:
-                            raise RuntimeError(f"a {need}-rank cuda world needs {need} devices; "
-                                               f"only {devices} visible")
-                        break
-                    devs = taken
-                queue.popleft()
-                item.launches += 1
-                name = f"{world_starts:03d}-{item.batch}.a{item.launches}"
-                world = WorldRun(name, item.entries, platform, options, devs)
-                world.start()
-                world_starts += 1
-                active.append((item, world))
+    def run_worlds(self) -> None:
+        """Launch and poll worlds until the queue is empty (``jobs`` at a time)."""
+        while self.queue or self.active:
+            while self.queue and len(self.active) < self.jobs:
+                if not self._launch_next():
+                    break
             time.sleep(0.05)
             still: list[tuple[_Item, WorldRun]] = []
-            for item, world in active:
+            for item, world in self.active:
                 for entry, result in world.poll():
-                    finish(item, entry, result)
-                if not world.finished:
+                    self.finish(item, entry, result)
+                if world.finished:
+                    self._after_world(item, world)
+                else:
                     still.append((item, world))
-                    continue
-                pool.give(world.devices)
-                if world.start_failed:
-                    item.failed_starts += 1
-                    item.last_error = world.start_error
-                    if item.failed_starts > START_RETRIES:
-                        _fail_unstarted(item, world, finish)
-                        continue
-                    queue.appendleft(_Item(batch=item.batch, entries=world.remaining,
-                                           launches=item.launches,
-                                           failed_starts=item.failed_starts))
-                elif world.remaining:
-                    # A fault took the world down: the rest runs in a fresh one.
-                    queue.appendleft(_Item(batch=item.batch, entries=world.remaining,
-                                           launches=item.launches))
-            active = still
-    finally:
-        for _, world in active:
+            self.active = still
+
+    def _launch_next(self) -> bool:
+        """Start the next queued world; False when it must wait for devices."""
+        item = self.queue[0]
+        platform = self.platforms[item.entries[0].cell.platform]
+        need = item.entries[0].cell.world_size if platform.device == "cuda" else 0
+        devs: tuple[int, ...] = ()
+        if need:
+            taken = self.pool.take(need)
+            if taken is None:
+                if not self.active:
+                    raise RuntimeError(f"a {need}-rank cuda world needs {need} devices; "
+                                       f"only {self.devices} visible")
+                return False
+            devs = taken
+        self.queue.popleft()
+        item.launches += 1
+        name = f"{self.world_starts:03d}-{item.batch}.a{item.launches}"
+        world = WorldRun(name, item.entries, platform, self.options, devs)
+        world.start()
+        self.world_starts += 1
+        self.active.append((item, world))
+        return True
+
+    def _after_world(self, item: _Item, world: WorldRun) -> None:
+        self.pool.give(world.devices)
+        if world.start_failed:
+            item.failed_starts += 1
+            item.last_error = world.start_error
+            if item.failed_starts > START_RETRIES:
+                _fail_unstarted(item, world, self.finish)
+                return
+            self.queue.appendleft(_Item(batch=item.batch, entries=world.remaining,
+                                        launches=item.launches,
+                                        failed_starts=item.failed_starts))
+        elif world.remaining:
+            # A fault (or a recycle) took the world down: the rest runs in a fresh one.
+            self.queue.appendleft(_Item(batch=item.batch, entries=world.remaining,
+                                        launches=item.launches))
+
+    def kill_worlds(self) -> None:
+        for _, world in self.active:
             world.kill()
+        self.active = []
 
-    # Anything unaccounted for (should not happen) still gets a result: never lose a cell.
-    for entry in planned:
-        if entry.key not in results:
-            results[entry.key] = Result(cell_id=entry.cell.id, status=Status.CRASH,
-                                        kind=FailureKind.CRASH, mutant=entry.mutant,
-                                        message="cpmatrix lost track of this cell (bug)")
-            by_batch.setdefault("lost", []).append(entry.key)
+    def close_unfinished(self, stopped_by: int | None, internal: BaseException | None) -> None:
+        """Every planned entry ends as exactly one result, whatever stopped the run."""
+        for entry in self.planned:
+            if entry.key in self.results:
+                continue
+            if stopped_by is not None:
+                result = Result(
+                    cell_id=entry.cell.id, status=Status.INTERRUPTED, mutant=entry.mutant,
+                    out_dir=entry.out_dir, message=f"interrupted: the run was stopped "
+                    f"({signal.Signals(stopped_by).name}) before this cell finished")
+            elif internal is not None:
+                result = Result(
+                    cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
+                    mutant=entry.mutant, out_dir=entry.out_dir,
+                    message=f"cpmatrix internal error before this cell finished: "
+                    f"{type(internal).__name__}: {internal}",
+                    stderr_tails={-1: "".join(traceback.format_exception(internal))[-4000:]})
+            else:  # should not happen
+                result = Result(cell_id=entry.cell.id, status=Status.CRASH,
+                                kind=FailureKind.CRASH, mutant=entry.mutant,
+                                message="cpmatrix lost track of this cell (bug)")
+            self.record("unfinished", entry, result)
 
-    ordered = {e.key: results[e.key] for e in planned}
-    world_files = []
-    for batch, keys in by_batch.items():
-        path = out / "worlds" / f"{batch}.junit.xml"
-        write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
-        world_files.append(path)
-    report = out / "report.xml"
-    merge_junit(world_files, report)
-    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
-    new_durations = dict(durations)
-    for r in ordered.values():
-        if r.status is Status.PASSED and not r.mutant:
-            new_durations[r.cell_id] = round(r.duration_s, 4)
-    atomic_write_json(out / "durations.json", new_durations)
-    return RunReport(
-        results=ordered, wall_s=time.monotonic() - t0,
-        world_starts=world_starts, report_path=report, worlds=len(batches),
-    )
+
+def _sweep_run(run_id: str, children_before: set[int]) -> None:
+    """Kill what the run left: its worlds' processes (by token) and orphans re-parented to
+    us while it ran (we are their subreaper); then reap them."""
+    leftovers = processes_with_token(f"{run_id}/", prefix=True) if run_id else []
+    leftovers += [p for p in descendants(os.getpid()) if p not in children_before]
+    if leftovers:
+        kill_all(leftovers)
+    reap_orphans(keep=children_before)
 
 
 def interpret_mutant(result: Result) -> Result:

@@ -17,10 +17,15 @@ rank pids, and decides:
 
 Cells after the faulty one are handed back to be run in a fresh world, so no cell is
 reported failed because of another cell's fault.
+
+Every file the supervisor reads carries its run's id; a marker of another run (a second
+``cpmatrix run`` on the same folder) is ignored. When a world ends, every process that
+carries its token in the environment is killed (see :mod:`cpmatrix.procs`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -36,6 +41,7 @@ from typing import Any
 
 from .fsutil import atomic_write_json, read_json, tail_lines
 from .junit import testcase_name
+from .procs import WORLD_TOKEN, descendants, kill_all, processes_with_token
 from .result import FailureKind, RankFailure, Result, Status
 from .runners.base import Launch, Runner, hermetic_env
 from .spec import Cell, Platform
@@ -65,8 +71,26 @@ class Entry:
 
     @property
     def out_dir(self) -> str:
-        base = f"cells/{self.cell.id}"
-        return f"{base}/mutant-{self.mutant}" if self.mutant else base
+        base = f"cells/{cell_folder(self.cell.id)}"
+        return f"{base}/mutant-{cell_folder(self.mutant)}" if self.mutant else base
+
+
+#: File names may hold 255 bytes; an id longer than this gets a digest-based name.
+_MAX_FOLDER_BYTES = 160
+
+
+def cell_folder(name: str) -> str:
+    """A file name for a cell id: the id itself, or a prefix and a digest when too long.
+
+    >>> cell_folder("t[unit,1x1,fp64,autocast=off,reference]@cpu")
+    't[unit,1x1,fp64,autocast=off,reference]@cpu'
+    >>> len(cell_folder("t" * 300)), cell_folder("t" * 300)[-17:-16]
+    (113, '~')
+    """
+    if len(name.encode()) <= _MAX_FOLDER_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{name.encode()[:96].decode(errors='ignore')}~{digest}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +99,12 @@ class WorldOptions:
     runner: Runner
     python: str = sys.executable
     pythonpath: tuple[str, ...] = ()
+    #: The matrix's own pythonpath folders: modules a cell imports from them are
+    #: re-imported afresh for the next cell (see :mod:`cpmatrix.isolation`).
+    project_roots: tuple[str, ...] = ()
     project_root: str = "."
+    #: This run's id: stamped on every world file and marker, checked when read.
+    run_id: str = ""
     abort_grace_s: float = 5.0
     startup_timeout_s: float = 180.0
     #: Seconds between SIGUSR1 (stack dump) and the kill.
@@ -88,6 +117,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: Starts torchrun with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
+#: the kernel kills torchrun (and each rank then dies with torchrun). argv: the expected
+#: parent pid, then the command.
+_TRAMPOLINE = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -165,6 +205,8 @@ class WorldRun:
         self.world_size = entries[0].cell.world_size
         self.dir = options.out_root / "worlds" / name
         self.progress = self.dir / "progress"
+        #: In every process of this world's environment: how its leftovers are found.
+        self.token = f"{options.run_id or os.getpid()}/{name}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.launch: Launch | None = None
         self.started_at = 0.0
@@ -198,6 +240,9 @@ class WorldRun:
             tmp.mkdir(exist_ok=True)
             world = {
                 "name": self.name,
+                "run_id": opts.run_id,
+                "supervisor_pid": os.getpid(),
+                "project_roots": list(opts.project_roots),
                 "dir": str(self.dir),
                 "out_root": str(opts.out_root),
                 "backend": self.platform.backend,
@@ -206,7 +251,8 @@ class WorldRun:
                 "pg_timeout_s": max(e.cell.timeout_s for e in self.entries) + 60,
                 "pythonpath": list(opts.pythonpath),
                 "cells": [
-                    {"cell": e.cell.to_dict(), "mutant": e.mutant or None, "out_dir": e.out_dir}
+                    {"cell": e.cell.to_dict(), "mutant": e.mutant or None, "out_dir": e.out_dir,
+                     "case_file": e.cell.case_file}
                     for e in self.entries
                 ],
             }
@@ -214,6 +260,9 @@ class WorldRun:
             atomic_write_json(world_file, world)
             extra = dict(self.platform.env)
             extra["PYTHONPATH"] = os.pathsep.join(opts.pythonpath)
+            # Never the working directory first on sys.path: it could shadow a case module.
+            extra["PYTHONSAFEPATH"] = "1"
+            extra[WORLD_TOKEN] = self.token
             if self.devices:
                 extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.devices))
             env = hermetic_env(opts.source_env, home=str(home), tmp=str(tmp), extra=extra)
@@ -236,6 +285,7 @@ class WorldRun:
             )
             cmd, cmd_env = opts.runner.command(self.launch)
             atomic_write_json(self.dir / "command.json", {"argv": cmd, "env": cmd_env})
+            cmd = [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *cmd]
             log = open(self.dir / "torchrun.log", "wb")  # noqa: SIM115
             try:
                 self.proc = subprocess.Popen(
@@ -280,6 +330,8 @@ class WorldRun:
             except (ValueError, OSError):
                 continue
             self._seen.add(name)
+            if not isinstance(data, dict) or data.get("run", "") != self.options.run_id:
+                continue  # another run's file (a shared --out): never this run's evidence
             (self._starts if kind == "start" else self._dones)[key] = data
             if kind == "done" and data.get("status") != "ok":
                 self._first_error_at.setdefault(key[0], time.monotonic())
@@ -287,8 +339,10 @@ class WorldRun:
             for r in range(self.world_size):
                 if r not in self._pids:
                     try:
-                        self._pids[r] = int(read_json(self.dir / f"rank{r}.pid")["pid"])
-                    except (OSError, ValueError, KeyError):
+                        data = read_json(self.dir / f"rank{r}.pid")
+                        if data.get("run", "") == self.options.run_id:
+                            self._pids[r] = int(data["pid"])
+                    except (OSError, ValueError, KeyError, AttributeError):
                         pass
 
     def poll(self) -> list[tuple[Entry, Result]]:
@@ -311,6 +365,7 @@ class WorldRun:
                     self._kill()
                     self.finished = True
             else:
+                self.sweep()  # a case's children must not outlive their world
                 self.finished = True
             return self.results[before:]
         if rc is not None:
@@ -341,7 +396,8 @@ class WorldRun:
             self.results.append((entry, self._result_from_outcomes(i, entry, outs)))  # type: ignore[arg-type]
 
     def _result_from_outcomes(
-        self, i: int, entry: Entry, outs: list[dict[str, Any]], extra_msg: str = ""
+        self, i: int, entry: Entry, outs: list[dict[str, Any]], extra_msg: str = "",
+        peer_died: bool = False,
     ) -> Result:
         errors = [o for o in outs if o.get("status") != "ok"]
         evidence = _merge_evidence([o.get("evidence", {}) for o in outs])
@@ -351,8 +407,7 @@ class WorldRun:
             return Result(cell_id=entry.cell.id, status=Status.PASSED, evidence=evidence,
                           duration_s=duration, case_s=case_s, attempts=entry.attempt,
                           mutant=entry.mutant, out_dir=entry.out_dir)
-        primary = [o for o in errors if not _COLLATERAL.search(o.get("message", ""))] or errors
-        collateral = [o for o in errors if o not in primary]
+        primary, collateral = split_errors(errors, peer_died=peer_died)
         failures = tuple(
             RankFailure(rank=int(o["rank"]), message=o.get("message", ""),
                         traceback=o.get("traceback", ""), check=o.get("check", ""))
@@ -406,9 +461,13 @@ class WorldRun:
         if err_at is not None and now - err_at > self.options.abort_grace_s:
             errors = [o for (j, _r), o in self._dones.items()
                       if j == i and o.get("status") != "ok"]
-            if all(_COLLATERAL.search(o.get("message", "")) for o in errors):
-                # The only failures say "a peer went away": a rank died. That is a crash,
-                # whichever of torchrun or this grace period notices first.
+            shares = getattr(self.options.runner, "shares_pid_namespace", False)
+            if all(_COLLATERAL.search(o.get("message", "")) for o in errors) and (
+                    self._dead or not shares):
+                # The only failures say "a peer went away" and a rank died (or, where
+                # rank pids cannot be watched, may have): a crash, whichever of torchrun
+                # or this grace period notices first. With every rank alive, such a
+                # message is the rank's own error (the abort below attributes it).
                 self._dump_stacks()
                 self._kill()
                 self._on_world_exit()
@@ -454,6 +513,18 @@ class WorldRun:
                 pass
         if self.launch is not None:
             self.options.runner.cleanup(self.launch)
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Kill every process left of this world: whatever carries its token (ranks in
+        their own process group, a case's children and daemons) and torchrun's tree."""
+        if self.proc is None:
+            return
+        root = [self.proc.pid] if self.proc.poll() is None else []
+        leftovers = processes_with_token(self.token) + [
+            p for r in root for p in descendants(r)]
+        if leftovers:
+            kill_all(leftovers)
 
     def _abort(self, i: int, kind: FailureKind, why: str) -> None:
         """Tear the world down because of cell ``i``; hand back the cells after it."""
@@ -502,6 +573,7 @@ class WorldRun:
 
     def _on_world_exit(self, reason: str = "") -> None:
         """torchrun is gone with cells unfinished: a crash, or a world that never started."""
+        self.sweep()
         self._read_progress()
         self._collect_complete()
         if len(self._reported) == len(self.entries):
@@ -541,7 +613,7 @@ class WorldRun:
             # A rank raised and the world then broke: the exception is the cause.
             result = self._result_from_outcomes(
                 i, entry, [o for o in outs.values() if o is not None],
-                extra_msg="the world died after the failure",
+                extra_msg="the world died after the failure", peer_died=bool(dead),
             )
         else:
             failures = tuple(
@@ -567,6 +639,37 @@ class WorldRun:
         """Stop the world now (the run was interrupted)."""
         self._kill()
         self.finished = True
+
+
+def split_errors(errors: Sequence[Mapping[str, Any]], *, peer_died: bool,
+                 ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(primary, collateral) error outcomes of one cell: outcomes first, messages last.
+
+    A rank whose own outcome is an error caused it. Its error is collateral only when
+    its message says a peer went away *and* there is such a peer: one that died, or an
+    earlier error of another rank whose message is its own. A case that raises
+    "Timed out waiting for ..." with every peer alive is that rank's error.
+
+    >>> own = {"rank": 1, "message": "RuntimeError: Timed out waiting for x", "end_time": 2}
+    >>> [o["rank"] for o in split_errors([own], peer_died=False)[0]]
+    [1]
+    >>> cause = {"rank": 0, "message": "ValueError: bad", "end_time": 1}
+    >>> [[o["rank"] for o in part] for part in split_errors([own, cause], peer_died=False)]
+    [[0], [1]]
+    """
+    ordered = sorted(errors, key=lambda o: float(o.get("end_time", 0.0)))
+    causes = [o for o in ordered if not _COLLATERAL.search(str(o.get("message", "")))]
+    primary: list[Mapping[str, Any]] = []
+    collateral: list[Mapping[str, Any]] = []
+    for o in ordered:
+        earlier = any(c is not o and c.get("rank") != o.get("rank")
+                      and float(c.get("end_time", 0.0)) <= float(o.get("end_time", 0.0))
+                      for c in causes)
+        looks = _COLLATERAL.search(str(o.get("message", ""))) is not None
+        (collateral if looks and (peer_died or earlier) else primary).append(o)
+    if not primary:  # only echoes of a death we cannot place: report them all
+        primary, collateral = collateral, []
+    return primary, collateral
 
 
 def _read_text(path: Path) -> str:

@@ -4,8 +4,9 @@ Usage (the supervisor builds this command)::
 
     python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.worker WORLD.json
 
-Imports only the standard library, torch and :mod:`cpmatrix.cell`/:mod:`cpmatrix.fsutil`,
-so start-up stays cheap and a crash here is easy to read.
+Imports only the standard library, torch and the small worker-side part of cpmatrix
+(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`~cpmatrix.isolation`,
+:mod:`~cpmatrix.procs`), so start-up stays cheap and a crash here is easy to read.
 
 Protocol with the supervisor (all files under the world folder, all written atomically):
 
@@ -14,6 +15,11 @@ Protocol with the supervisor (all files under the world folder, all written atom
 - ``progress/<i>.r<R>.start`` written *before* cell ``i`` runs: id, time, log offset
 - ``progress/<i>.r<R>.done``  written *before* any cross-rank step after the case:
                               status, traceback, evidence, timings
+
+Every marker carries the run's id (``run``): the supervisor ignores a file that is not
+its own run's. After each cell the process state is restored (:mod:`cpmatrix.isolation`);
+when a case changed what cannot be restored, every rank leaves the loop after the
+barrier and exits 0, and the supervisor runs the remaining cells in a fresh world.
 
 The world group is never used by cases: each cell gets a fresh DeviceMesh whose groups
 are destroyed in ``finally``, so a half-finished collective of one cell can never be
@@ -37,6 +43,7 @@ from typing import Any, TextIO
 
 from .cell import CellContext, seed_for
 from .fsutil import atomic_write_json, read_json
+from .procs import descendants, kill_all, set_child_subreaper, set_parent_death_signal
 
 DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -72,11 +79,24 @@ def _reseed(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def _import_case(ref: str) -> Any:
+class CaseModuleMismatch(ImportError):
+    """The case module was imported from another file than the one the digest covers."""
+
+    check = "case_module"
+
+
+def _import_case(ref: str, expected_file: str) -> tuple[Any, str]:
+    """The case function and the real path of the file its module was loaded from."""
     module_name, _, attr = ref.partition(":")
     module = importlib.import_module(module_name)
+    ran = os.path.realpath(getattr(module, "__file__", None) or "")
+    if expected_file and ran != os.path.realpath(expected_file):
+        raise CaseModuleMismatch(
+            f"case {ref!r}: module {module_name!r} was imported from {ran or 'nowhere'}, but "
+            f"the cell's digest covers {expected_file}: another module of that name comes "
+            "first on the path (the run refuses to report a verdict for other code)")
     try:
-        return getattr(module, attr)
+        return getattr(module, attr), ran
     except AttributeError:
         raise AttributeError(f"case {ref!r}: module {module_name!r} has no {attr!r}") from None
 
@@ -144,7 +164,6 @@ def run_cell(
     out_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
     out_dir.mkdir(parents=True, exist_ok=True)
     seed = seed_for(cell["id"])
-    env_before = dict(os.environ)
     started = time.time()
     outcome: dict[str, Any] = {"index": index, "id": cell["id"], "rank": rank, "status": "ok"}
     ctx: CellContext | None = None
@@ -161,7 +180,7 @@ def run_cell(
         if mesh is None:
             mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("cp0", "cp1"))
         outcome["setup_s"] = time.time() - started
-        case = _import_case(cell["case"])
+        case, case_file = _import_case(cell["case"], spec.get("case_file", ""))
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed)
         ctx = CellContext(
@@ -184,6 +203,7 @@ def run_cell(
             target=cell["target"],
             mutant=spec.get("mutant"),
         )
+        ctx.record("case_file", case_file)  # which file ran: the one the digest covers
         t0 = time.perf_counter()
         try:
             case(ctx)
@@ -205,10 +225,6 @@ def run_cell(
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        # Restore the environment a case may have changed.
-        for key in set(os.environ) - set(env_before):
-            del os.environ[key]
-        os.environ.update(env_before)
     outcome["evidence"] = dict(ctx.evidence) if ctx is not None else {}
     outcome["case_s"] = case_s
     outcome["duration_s"] = time.time() - started
@@ -217,8 +233,12 @@ def run_cell(
 
 def _barrier(
     store: Any, index: int, rank: int, world_size: int, timeout_s: float, status: str
-) -> bool:
-    """Wait until every rank wrote its outcome for cell ``index``; True if all passed.
+) -> tuple[bool, bool]:
+    """Wait until every rank wrote its outcome for cell ``index``.
+
+    ``status`` is ``ok``, ``error`` or ``recycle`` (the process state cannot be
+    restored). Returns (every rank ok, some rank asks to recycle the world): all ranks
+    read the same keys, so they all take the same decision.
 
     Uses the rendezvous TCPStore, never a collective: a collective here could be
     matched with one a peer is still blocked in inside the case.
@@ -228,7 +248,28 @@ def _barrier(
     store.set(f"cpmatrix/{index}/r{rank}", status)
     keys = [f"cpmatrix/{index}/r{r}" for r in range(world_size)]
     store.wait(keys, _dt.timedelta(seconds=timeout_s))
-    return all(store.get(k) == b"ok" for k in keys)
+    seen = [store.get(k) for k in keys]
+    return all(v == b"ok" for v in seen), any(v == b"recycle" for v in seen)
+
+
+def _fix_sys_path(pythonpath: list[str]) -> None:
+    """The matrix's pythonpath first, in order; the implicit working directory never.
+
+    ``python -m`` puts the current directory first on ``sys.path`` (PYTHONSAFEPATH,
+    set by the supervisor, stops that too); a ``cases.py`` there would shadow the case
+    module the cell's digest covers.
+    """
+    cwd = os.getcwd()
+    keep = [p for p in sys.path if p not in ("", cwd, *pythonpath)]
+    sys.path[:] = [*pythonpath, *keep]
+
+
+def _guard_parent(supervisor_pid: int) -> None:
+    """Die with torchrun: SIGKILL when the parent exits, and exit now if it already has
+    (re-parented to init or to the supervisor, a subreaper)."""
+    set_parent_death_signal()
+    if os.getppid() in (1, supervisor_pid):
+        os._exit(1)
 
 
 class _StackDumper:
@@ -275,20 +316,25 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m cpmatrix.worker WORLD.json", file=sys.stderr)
         return 2
     world = read_json(args[0])
+    _guard_parent(int(world.get("supervisor_pid", 0)))
+    # Orphans of this rank's case (double forks, daemons) come back to us, and die with us.
+    set_child_subreaper()
     world_dir = Path(world["dir"])
+    run_id = str(world.get("run_id", ""))
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     log = _redirect_output(world_dir / f"rank{rank}.log")
     faulthandler.enable(file=log, all_threads=True)  # segfaults leave a stack in the log
     progress = world_dir / "progress"
     progress.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(world_dir / f"rank{rank}.pid", {"pid": os.getpid(), "rank": rank})
-    for p in reversed(world.get("pythonpath", [])):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+    atomic_write_json(world_dir / f"rank{rank}.pid",
+                      {"pid": os.getpid(), "rank": rank, "run": run_id})
+    _fix_sys_path(list(world.get("pythonpath", [])))
 
     import torch
     import torch.distributed as dist
+
+    from .isolation import CellIsolation
 
     if world["device"] == "cuda":
         torch.cuda.set_device(local_rank)
@@ -304,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     meshes: dict[tuple[int, int], Any] = {}
     dumper = _StackDumper(world_dir / "dump.request")
     threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
+    isolation = CellIsolation(project_roots=world.get("project_roots", []))
     try:
         for index, spec in enumerate(world["cells"]):
             cell_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
@@ -312,16 +359,27 @@ def main(argv: list[str] | None = None) -> int:
             dumper.switch(cell_dir / "stacks.txt")
             atomic_write_json(
                 progress / f"{index}.r{rank}.start",
-                {"id": spec["cell"]["id"], "time": time.time(), "log_offset": _log_offset()},
+                {"id": spec["cell"]["id"], "time": time.time(), "log_offset": _log_offset(),
+                 "run": run_id},
             )
+            isolation.before_cell()
             outcome, mesh = run_cell(world, index, spec, rank, meshes)
+            problems = isolation.after_cell()
+            if problems:
+                _blame_state(outcome, problems, spec["cell"]["id"], rank)
             outcome["log_end"] = _log_offset()
             outcome["end_time"] = time.time()
+            outcome["run"] = run_id
             atomic_write_json(progress / f"{index}.r{rank}.done", outcome)
             t_b = time.perf_counter()
-            clean = _barrier(store, index, rank, world_size, float(world["pg_timeout_s"]),
-                             "ok" if outcome["status"] == "ok" else "error")
+            status = "recycle" if problems else ("ok" if outcome["status"] == "ok" else "error")
+            clean, recycle = _barrier(store, index, rank, world_size,
+                                      float(world["pg_timeout_s"]), status)
             t_d = time.perf_counter()
+            if recycle:
+                # What the case changed cannot be undone here: no later cell may run in
+                # this process. Every rank leaves; the supervisor starts a fresh world.
+                break
             rows, cols = (int(x) for x in spec["cell"]["mesh"].split("x"))
             key = (rows, cols)
             if mesh is not None and clean:
@@ -342,10 +400,25 @@ def main(argv: list[str] | None = None) -> int:
         for mesh in meshes.values():
             _destroy_mesh(mesh)
         try:
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
         except Exception as exc:
             print(f"cpmatrix.worker: destroy_process_group failed: {exc!r}", file=sys.stderr)
+        kill_all(descendants(os.getpid()))  # whatever the cases started dies with the rank
     return 0
+
+
+def _blame_state(outcome: dict[str, Any], problems: list[str], cell_id: str,
+                 rank: int) -> None:
+    """Fail the cell that changed what cannot be restored (check ``process_state``)."""
+    message = "process_state: " + "; ".join(problems)
+    if outcome["status"] == "ok":
+        outcome.update(status="error", exc_type="ProcessStateError", message=message,
+                       traceback="", check="process_state")
+    else:  # keep the case's own error first; the state problem is part of the story
+        outcome["message"] = f"{outcome['message']}; {message}"
+    print(f"cpmatrix.worker: cell {cell_id} on rank {rank}: {message}; the world is "
+          "recycled after this cell", file=sys.stderr)
 
 
 if __name__ == "__main__":
