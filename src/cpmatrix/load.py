@@ -257,9 +257,9 @@ def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
         backend=backend,  # type: ignore[arg-type]  # checked against _BACKENDS above
         device=device,  # type: ignore[arg-type]
         image=ctx.string(fields["image"], f"{path}.image") if "image" in fields else None,
+        where=_where(ctx, node),
         env=tuple(env),
         description=description,
-        where=_where(ctx, node),
     )
 
 

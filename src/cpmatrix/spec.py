@@ -110,12 +110,12 @@ class Platform:
     #: ``None`` where the platform declares none: it then runs with the local and sandbox
     #: runners only, and ``--runner docker`` is a usage error.
     image: str | None = None
+    #: file:line of the platform in its matrix, for messages (not part of any digest).
+    where: str = ""
     #: Extra environment for every cell on this platform (e.g. TRITON_INTERPRET=1).
     env: tuple[tuple[str, str], ...] = ()
     #: A short human description.
     description: str = ""
-    #: file:line of the platform in its matrix, for messages (not part of any digest).
-    where: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
