@@ -5,9 +5,14 @@
     nox -s parity-cpu -- -k ring_attention  # pass a selection through
     nox -s parity-cuda                      # on a GPU host (exit 2 at once without one)
     nox -s tests lint spill mutants report gate
+    nox -s "compat(triton='3.9.0')"         # the kernel path and spill gate on one Triton
 
-Every session runs in the current environment (``venv_backend="none"``): cpmatrix and
-torch are installed once by ``.ci/install`` and never reinstalled per session.
+Every session but ``compat`` runs in the current environment (``venv_backend="none"``):
+cpmatrix and torch are installed once by ``.ci/install`` and never reinstalled per session.
+``compat`` is parametrized over the Triton versions pyproject's ``kernels`` extra admits
+(3.6.0, 3.7.1, 3.8.0, 3.9.0: the newest patch of each minor release on the index): each
+builds its own virtualenv with torch 2.13.0 and that Triton, then runs the kernel-path
+cells, the spill gate and the kernel tests there.
 """
 
 from __future__ import annotations
@@ -122,3 +127,39 @@ def gate(session: nox.Session) -> None:
     args = session.posargs or ["--policy", "release", "--report",
                                _out("parity-cpu") + "/report.xml"]
     session.run("cpmatrix", "gate", *args, external=True)
+
+
+#: The Triton versions the kernel path is tested with: the newest patch of every minor
+#: release on the package index from 3.6 (the pin of ``.ci/install``) on. pyproject's
+#: ``kernels`` range is exactly these; tests/test_noxfile.py holds the two together.
+TRITON_VERSIONS = ["3.6.0", "3.7.1", "3.8.0", "3.9.0"]
+
+
+@nox.session(venv_backend="virtualenv")
+@nox.parametrize("triton", TRITON_VERSIONS)
+def compat(session: nox.Session, triton: str) -> None:
+    """The kernel path (parity cells, spill gate, kernel tests) on one Triton version."""
+    # torch first and pinned: torch==2.13.0 is the CPU wheel on these machines, and a
+    # resolver left to itself may pull a multi-GB CUDA build.
+    session.install("torch==2.13.0", "numpy", f"triton=={triton}")
+    # The kernels extra re-resolves triton: a constraint keeps this session's version,
+    # and pip fails here if pyproject's range does not admit it.
+    pins = Path(session.create_tmp()) / "constraints.txt"
+    pins.write_text(f"torch==2.13.0\ntriton=={triton}\n", encoding="utf-8")
+    session.install("-c", str(pins), "-e", ".[dev,kernels]")
+    session.run("python", "-c", "import torch, triton; "
+                "print(f'torch {torch.__version__}, triton {triton.__version__}')")
+    out = Path(session.create_tmp())
+    # Every kernel-path parity cell of the CPU matrix (meshes 1x1 to 2x3), fresh: a cached
+    # pass from another Triton would prove nothing.
+    session.run("cpmatrix", "run", "--matrix", str(MATRIX), "--platform", "cpu",
+                "--runner", "local", "-k", "kernel and not spill", "--no-cache",
+                "--out", str(out / "kernel"), "--plain", *session.posargs)
+    session.run("cpmatrix", "spill", "--matrix", str(MATRIX), "--no-cache",
+                "--out", str(out / "spill"), "--plain")
+    # The spill measurement's and the kernels' own tests; the world test of
+    # test_suite_kernels.py is left out: it runs a subset of the cells above.
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "tests/test_spill.py", "tests/suite/test_suite_kernels.py", "--deselect",
+                "tests/suite/test_suite_kernels.py::"
+                "test_layer_norm_backward_cells_pass_on_real_worlds")

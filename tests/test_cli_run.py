@@ -105,3 +105,27 @@ def test_jobs_run_worlds_concurrently_with_the_same_results(tmp_path: Path) -> N
                             for p in (world / "progress").glob("*.done")))
     assert len(launched) == 3
     assert max(launched) < min(finished), (launched, finished)
+
+
+@pytest.mark.slow
+def test_a_platform_without_image_runs_locally_and_refuses_docker(tmp_path: Path) -> None:
+    matrix = str(RES / "no_image.yaml")
+    where = f"{matrix}:6"  # the platform's line
+    # --runner docker: exit 2 before anything starts, naming the platform and the file
+    proc = cli("run", "--matrix", matrix, "--runner", "docker", "--out", str(tmp_path / "d"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--runner docker: platform 'cpu' declares no image ({where})" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "d" / "worlds").exists()
+    # --runner local: a real 2-rank world runs the cell
+    proc = cli("run", "--matrix", matrix, "--runner", "local", "--out", str(tmp_path / "l"),
+               "--plain", "--no-cache")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 cells: 1 passed" in proc.stdout
+    # --runner auto: docker is skipped with the reason, whatever this machine has
+    proc = cli("run", "--matrix", matrix, "--runner", "auto", "--out", str(tmp_path / "a"),
+               "--plain", "--no-cache")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runner_line = proc.stdout.splitlines()[0]
+    assert runner_line.startswith("runner: ") and not runner_line.startswith("runner: docker")
+    assert f"docker: platform 'cpu' declares no image ({where})" in runner_line
+    assert "1 cells: 1 passed" in proc.stdout

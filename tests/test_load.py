@@ -165,6 +165,22 @@ targets: [{name: a, case: "m:f", level: unit, platforms: [cpu]}]
     assert m.targets[0].platforms == ("cpu",)
 
 
+def test_image_is_optional_and_a_platform_knows_where_it_is() -> None:
+    # Only the docker runner needs an image (cli_run.resolve_runner refuses it without);
+    # the local and sandbox runners run a platform that declares none.
+    m = parse_matrix("""\
+version: 1
+platforms:
+  cpu: {backend: gloo, device: cpu}
+  cuda: {backend: nccl, device: cuda, image: docker/cuda.Dockerfile}
+targets: [{name: a, case: "m:f", level: unit}]
+""", file="m.yaml")
+    assert m.platform("cpu").image is None and m.platform("cpu").where == "m.yaml:3"
+    assert m.platform("cuda").image == "docker/cuda.Dockerfile"
+    # where is for messages only: a platform's digest input is unchanged by it
+    assert "where" not in m.platform("cpu").to_dict()
+
+
 def test_pythonpath_is_relative_to_the_matrix_file(tmp_path: Path) -> None:
     path = write_matrix(tmp_path, HEAD + "targets:\n" + A)
     assert load_matrix(path).pythonpath == (str((tmp_path / "cases").resolve()),)
@@ -247,8 +263,8 @@ BAD_INPUT = [
     # --- missing required keys
     pytest.param(HEAD + "targets:\n  - {name: a, level: unit} #!\n", "targets[0]",
                  ("target needs 'case'",), id="missing-case"),
-    pytest.param("version: 1\nplatforms:\n  cpu: {backend: gloo, device: cpu} #!\ntargets:\n" + A,
-                 "platforms.cpu", ("needs 'image'",), id="missing-image"),
+    pytest.param("version: 1\nplatforms:\n  cpu: {backend: gloo, image: i} #!\ntargets:\n" + A,
+                 "platforms.cpu", ("needs 'device'",), id="missing-device"),
     pytest.param("version: 1 #!\nplatforms: {cpu: {backend: gloo, device: cpu, image: i}}\n",
                  "", ("missing 'targets'",), id="missing-targets"),
     pytest.param(HEAD + "targets: [] #!\n", "targets", ("no target declared",),

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).parent.parent
 RES = Path(__file__).parent / "resources"
@@ -27,6 +31,28 @@ def test_sessions_are_listed_with_descriptions() -> None:
         line = next((ln for ln in proc.stdout.splitlines() if f" {name} -> " in ln), None)
         assert line is not None, (name, proc.stdout)
         assert len(line.split(" -> ", 1)[1]) > 10, line
+
+
+#: The Triton versions `nox -s compat` tests: the newest patch of each minor release on the
+#: package index from 3.6 on. Frozen here so the tested range only changes on purpose.
+TESTED_TRITON = ["3.6.0", "3.7.1", "3.8.0", "3.9.0"]
+
+
+def test_a_compat_session_per_tested_triton_and_pyproject_admits_exactly_those() -> None:
+    proc = nox("-l")
+    assert proc.returncode == 0, proc.stderr
+    listed = re.findall(r"^[*-] compat\(triton='([^']+)'\) -> \S", proc.stdout, re.MULTILINE)
+    assert listed == TESTED_TRITON, proc.stdout
+    # The kernels extra states the tested range: every tested version is in it, and the
+    # versions just outside (the minor release below, the next minor) are not.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (spec,) = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["kernels"]
+               if Requirement(r).name == "triton"]
+    assert all(spec.specifier.contains(v) for v in TESTED_TRITON), spec
+    lowest, newest = Version(TESTED_TRITON[0]), Version(TESTED_TRITON[-1])
+    below = f"{lowest.major}.{lowest.minor - 1}.99"
+    above = f"{newest.major}.{newest.minor + 1}.0"
+    assert not spec.specifier.contains(below) and not spec.specifier.contains(above), spec
 
 
 def test_parity_cuda_without_a_device_exits_2_at_once() -> None:

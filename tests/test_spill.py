@@ -322,6 +322,31 @@ def test_negative_control(shared_cache: Path, compiles: list[str]) -> None:
 
 
 @needs_triton
+def test_fp_fusion_is_the_installed_tritons_default_passed_explicitly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Triton 3.9 warns at every compile that leaves enable_fp_fusion unset (warnings are
+    # errors here), so the gate passes Triton's own default, TRITON_DEFAULT_FP_FUSION
+    # included; the PTX shows which way it went, and the digest keeps the two apart.
+    spec = SpillSpec(kernel="spill_kernels:scale_shift",
+                     signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "a": "fp32", "b": "fp32",
+                                "n": "i32", "BLOCK": "constexpr"},
+                     constexprs={"BLOCK": 128}, arch="sm_90a")
+    reports = {}
+    for env in (None, "0"):
+        if env is None:
+            monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
+        else:
+            monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", env)
+        report = compile_and_measure(spec, cache_dir=tmp_path, search_path=SEARCH)
+        assert report.ptx_path is not None and not report.cached
+        reports[env] = (report.digest, Path(report.ptx_path).read_text(encoding="utf-8"))
+    assert "fma.rn.f32" in reports[None][1]  # fused by default on Triton 3.6 to 3.9
+    assert "fma.rn.f32" not in reports["0"][1] and "mul.rn.f32" in reports["0"][1]
+    assert reports[None][0] != reports["0"][0]
+
+
+@needs_triton
 def test_cache_second_call_compiles_nothing(tmp_path: Path, compiles: list[str]) -> None:
     spec = softmax_spec(1024, "sm_90a")
     first = compile_and_measure(spec, cache_dir=tmp_path, search_path=SEARCH)

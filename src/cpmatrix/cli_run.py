@@ -74,11 +74,23 @@ def _add_run_options(p: argparse.ArgumentParser, spill: bool = False) -> None:
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a TTY")
 
 
+def _no_image(platform: Platform) -> str | None:
+    """Why the docker runner cannot run ``platform`` (it runs the platform's image), or None."""
+    if platform.image is not None:
+        return None
+    where = f" ({platform.where})" if platform.where else ""
+    return f"platform {platform.name!r} declares no image{where}"
+
+
 def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
     """The runner called ``name`` (``auto``: docker > sandbox > local) and why it was chosen.
 
     Raises UsageError when the named runner cannot run here.
     """
+    no_image = _no_image(platform)
+    if name == "docker" and no_image:
+        raise UsageError(f"--runner docker: {no_image}; add `image: docker/{platform.name}"
+                         ".Dockerfile` to it, or choose --runner local or sandbox")
     if name != "auto":
         try:
             runner = (get_runner(name) if name == "local"
@@ -91,6 +103,9 @@ def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
         return runner, "chosen with --runner"
     reasons = []
     for candidate in ("docker", "sandbox"):
+        if candidate == "docker" and no_image:
+            reasons.append(f"docker: {no_image}")
+            continue
         try:
             runner = get_runner(candidate, platform=platform.name)
         except (ValueError, ImportError) as exc:

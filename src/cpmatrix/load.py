@@ -239,7 +239,7 @@ def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
     fields: dict[str, yaml.Node] = {}
     for key, _, value_node in ctx.mapping(node, path, ALLOWED_KEYS["platform"]):
         fields[key] = value_node
-    for required in ("backend", "device", "image"):
+    for required in ("backend", "device"):  # image: only the docker runner needs one
         if required not in fields:
             raise ctx.error(node, path, f"platform {name!r} needs {required!r}")
     backend = ctx.string(fields["backend"], f"{path}.backend")
@@ -269,7 +269,8 @@ def _platform(ctx: _Ctx, name: str, node: yaml.Node, path: str) -> Platform:
         name=name,
         backend=backend,  # type: ignore[arg-type]  # checked against _BACKENDS above
         device=device,  # type: ignore[arg-type]
-        image=ctx.string(fields["image"], f"{path}.image"),
+        image=ctx.string(fields["image"], f"{path}.image") if "image" in fields else None,
+        where=_where(ctx, node),
         env=tuple(env),
         description=description,
         max_ranks=max_ranks,

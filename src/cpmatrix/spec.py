@@ -119,8 +119,12 @@ class Platform:
     backend: Literal["gloo", "nccl"]
     #: torch device type for tensors and the mesh.
     device: Literal["cpu", "cuda"]
-    #: Dockerfile the platform's image is built from (relative to the project root).
-    image: str
+    #: Dockerfile the platform's image is built from (relative to the project root);
+    #: ``None`` where the platform declares none: it then runs with the local and sandbox
+    #: runners only, and ``--runner docker`` is a usage error.
+    image: str | None = None
+    #: file:line of the platform in its matrix, for messages (not part of any digest).
+    where: str = ""
     #: Extra environment for every cell on this platform (e.g. TRITON_INTERPRET=1).
     env: tuple[tuple[str, str], ...] = ()
     #: A short human description.

@@ -39,6 +39,15 @@ def row_softmax(x_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * stride + offs, e / s, mask=valid)
 
 
+@triton.jit
+def scale_shift(x_ptr, y_ptr, a, b, n, BLOCK: tl.constexpr):
+    """``y = x * a + b``: one fused multiply-add per element, unless fp fusion is off."""
+    offs = tl.arange(0, BLOCK)
+    valid = offs < n
+    x = tl.load(x_ptr + offs, mask=valid)
+    tl.store(y_ptr + offs, x * a + b, mask=valid)
+
+
 #: The same kernel behind ``triton.autotune``: a gate expands one spec per config.
 row_softmax_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK": 1024}, num_warps=4),

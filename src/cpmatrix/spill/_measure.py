@@ -14,6 +14,11 @@ Triton 3.6 calls used here (read from its source):
   ``.metadata.name`` the entry function and ``.metadata.shared`` the dynamic shared
   memory. ``n_regs``/``n_spills`` stay unset until the kernel is loaded on a GPU.
 
+The same calls work on every Triton of pyproject's ``kernels`` range (3.6 to 3.9), with one
+adapter: Triton 3.9 warns at every compile that leaves ``enable_fp_fusion`` unset (its
+default flips in 3.10), so the option is passed explicitly, set to the installed Triton's
+own default (see ``_fp_fusion_default``).
+
 Not thread-safe: compiling points Triton's global cache setting at a private temporary
 folder (so ``compile_seconds`` is a real compile and ``~/.triton`` stays untouched).
 Run gates in parallel processes, not threads.
@@ -241,6 +246,20 @@ def _private_triton_cache(triton: Any) -> Iterator[None]:
                     os.environ["TRITON_CACHE_DIR"] = saved
 
 
+def _fp_fusion_default(triton: Any) -> bool | None:
+    """Whether the installed Triton fuses multiply-adds when a launch does not say.
+
+    ``knobs.language.default_fp_fusion``: ``TRITON_DEFAULT_FP_FUSION`` if set, else the
+    version's default (on for 3.6 to 3.9). A gate that passes it explicitly measures the
+    code a default launch compiles, without the warning Triton 3.9 gives for an unset
+    option (which ``filterwarnings = error`` turns into a failed compile). ``None`` where
+    Triton has no such knob; the option is then left to Triton.
+    """
+    language = getattr(getattr(triton, "knobs", None), "language", None)
+    default = getattr(language, "default_fp_fusion", None)
+    return None if default is None else bool(default)
+
+
 def compile_kernel(triton: Any, fn: Any, spec: SpillSpec, capability: int) -> Any:
     """``triton.compile`` for ``spec`` at ``capability``: the ``CompiledKernel``.
 
@@ -258,6 +277,9 @@ def compile_kernel(triton: Any, fn: Any, spec: SpillSpec, capability: int) -> An
     options: dict[str, Any] = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg is not None:
         options["maxnreg"] = spec.maxnreg
+    fp_fusion = _fp_fusion_default(triton)
+    if fp_fusion is not None:
+        options["enable_fp_fusion"] = fp_fusion
     src = triton.compiler.ASTSource(fn=fn, signature=signature,
                                     constexprs=dict(spec.constexprs))
     chatter = io.StringIO()
@@ -317,9 +339,11 @@ def _new_report(spec: SpillSpec, stats: PtxasStats, **fields: Any) -> SpillRepor
 
 
 def _triton_env(triton: Any) -> dict[str, Any]:
-    # Environment variables Triton itself treats as changing compiled code.
+    # Environment variables Triton itself treats as changing compiled code, and the
+    # fp-fusion default compile_kernel passes (TRITON_DEFAULT_FP_FUSION may not be one).
     getter = getattr(triton.compiler.compiler, "get_cache_invalidating_env_vars", None)
-    return dict(getter()) if getter is not None else {}
+    env = dict(getter()) if getter is not None else {}
+    return {**env, "cpmatrix.enable_fp_fusion": _fp_fusion_default(triton)}
 
 
 def _write_cache(cache_dir: Path, report: SpillReport, ptx: str) -> SpillReport:

@@ -69,7 +69,14 @@ def layer_norm_bwd_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
     for i in range(ROWS):
         row = pid * ROWS + i
         live = row < n_rows  # the last program may run past the end: mask, don't branch
-        m = valid & live
+        # The row's mask is a block comparison, not `valid & live`: Triton's interpreter
+        # stores a scalar comparison under its operands' integer type, so broadcasting
+        # `live` into a block gives an int64 array and `valid & live` an int32 mask.
+        # Triton 3.6 to 3.8 converted such a mask to bool on load; 3.9's interpreter
+        # rejects it ("mask has unsupported dtype"). Compiled, this form is one compare
+        # against a select and needs fewer registers (Triton 3.6's ptxas: 64 instead of
+        # 71/72 on sm_80/sm_90a).
+        m = offs < tl.where(live, n_cols, 0)
         x = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row * dy_stride + offs, mask=m, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + row, mask=live, other=0.0)
