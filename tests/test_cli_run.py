@@ -82,6 +82,85 @@ def test_cuda_without_device_exits_2_but_dry_run_plans(tmp_path: Path) -> None:
     assert "world cuda-w4-b0: 4 ranks, 1 cells" in proc.stdout
 
 
+CUDA_IDS = {
+    "1x1": "allreduce[unit,1x1,fp64,autocast=off,reference]@cuda",
+    "1x2": "allreduce[unit,1x2,fp64,autocast=off,reference]@cuda",
+    "2x2": "allreduce[unit,2x2,fp64,autocast=off,reference]@cuda",
+    "ev": "evidence[unit,1x2,fp64,autocast=off,reference]@cuda",
+}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "planned", "skipped"),
+    [
+        ("1", ["1x1"], {"1x2": 2, "2x2": 4, "ev": 2}),
+        ("2", ["1x2", "ev", "1x1"], {"2x2": 4}),
+        ("4", ["2x2", "1x2", "ev", "1x1"], {}),
+    ],
+)
+def test_gpus_plans_the_cuda_cells_that_fit_and_skips_the_rest(
+    gpus: str, planned: list[str], skipped: dict[str, int], tmp_path: Path,
+) -> None:
+    proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--platform", "cuda",
+               "--gpus", gpus, "--dry-run", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    cut = next((i for i, ln in enumerate(lines) if ln.startswith("skipped")), len(lines))
+    in_plan = [ln.split()[0] for ln in lines[:cut] if ln.startswith("  ")]
+    assert in_plan == [CUDA_IDS[k] for k in planned]
+    assert lines[0].startswith(f"plan: {len(planned)} cells")
+    left = {ln.split()[0]: ln.split(None, 1)[1] for ln in lines[cut + 1:]}
+    assert left == {CUDA_IDS[k]: f"needs {n} GPUs (one per rank); {gpus} visible"
+                    for k, n in skipped.items()}
+    if skipped:
+        assert lines[cut] == (f"skipped (not run on this host, reported as skipped): "
+                              f"{len(skipped)} cells")
+
+
+def test_no_cuda_cell_fits_every_cell_is_reported_skipped_and_exits_3(tmp_path: Path) -> None:
+    """A one-GPU host and only multi-rank cuda cells: nothing launched, a report of skips,
+    exit 3, and the release gate fails on the skips unless its policy allows them."""
+    out = tmp_path / "out"
+    proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--platform", "cuda", "--gpus", "1",
+               "-k", "not 1x1", "--out", str(out), "--plain")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "nothing to run: each of the 3 selected cells needs more GPUs than the 1 visible" \
+        in proc.stderr
+    assert "==== 3 cells: 3 skipped" in proc.stdout
+    assert "2 cells not run: needs 2 GPUs (one per rank); 1 visible" in proc.stdout
+    # Nothing was launched: no world folder, only the merged report's part for the skips.
+    assert sorted(p.name for p in (out / "worlds").iterdir()) == ["skipped.junit.xml"]
+    cases = {c["name"]: c for c in read_junit_results(out / "report.xml")}
+    assert set(cases) == {CUDA_IDS[k] for k in ("1x2", "2x2", "ev")}
+    big = cases[CUDA_IDS["2x2"]]
+    assert big["properties"]["status"] == "skipped"
+    assert big["properties"]["world_size"] == "4"
+    xml = (out / "report.xml").read_text()
+    assert 'message="not run: needs 4 GPUs (one per rank); 1 visible"' in xml
+    results = json.loads((out / "results.json").read_text())
+    assert [r["status"] for r in results] == ["skipped"] * 3
+    policies = tmp_path / "gates.yaml"
+    policies.write_text("version: 1\npolicies:\n"
+                        "  gpu: {description: cuda cells, platforms: [cuda]}\n"
+                        "  gpu-lenient: {description: skips allowed, platforms: [cuda], "
+                        "allow_skipped: true}\n")
+    gate = cli("gate", "--gates", str(policies), "--policy", "gpu", "--report",
+               str(out / "report.xml"))
+    assert gate.returncode == 1, gate.stdout + gate.stderr
+    assert "not run: needs 4 GPUs (one per rank); 1 visible" in gate.stdout
+    assert "3 skipped" in gate.stdout
+    lenient = cli("gate", "--gates", str(policies), "--policy", "gpu-lenient", "--report",
+                  str(out / "report.xml"))
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
+
+
+def test_gpus_must_not_be_negative(tmp_path: Path) -> None:
+    proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--platform", "cuda",
+               "--gpus", "-1", "--dry-run", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "--gpus must be >= 0, got -1" in proc.stderr
+
+
 @pytest.mark.parametrize("bad", [["--batch-size", "0"], ["--jobs", "0"], ["--runner", "ssh"]])
 def test_bad_run_options_exit_2(bad: list[str], tmp_path: Path) -> None:
     proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--out", str(tmp_path), *bad)

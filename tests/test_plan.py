@@ -58,3 +58,28 @@ def test_device_pool_gives_disjoint_sets() -> None:
     assert sorted(flat) == list(range(8))
     pool.give(sets[1] or ())
     assert pool.take(2) == sets[1]
+
+
+@pytest.mark.parametrize(
+    ("devices", "fits", "left_out"),
+    [
+        (1, ["a1", "cpu4", "spill"], {"b2": 2, "c4": 4}),
+        (2, ["a1", "b2", "cpu4", "spill"], {"c4": 4}),
+        (4, ["a1", "b2", "c4", "cpu4", "spill"], {}),
+    ],
+)
+def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
+    devices: int, fits: list[str], left_out: dict[str, int],
+) -> None:
+    from dataclasses import replace
+
+    from cpmatrix.plan import fit_to_devices
+
+    cells = [cell("a1", "1x1", platform="cuda"), cell("b2", "1x2", platform="cuda"),
+             cell("c4", "2x2", platform="cuda"), cell("cpu4", "2x2"),
+             # a spill cell compiles without a device, whatever its mesh
+             replace(cell("spill", "2x2", platform="cuda"), kind="spill")]
+    got, out = fit_to_devices(cells, device_platforms={"cuda"}, devices=devices)
+    assert [c.target for c in got] == fits
+    assert {c.target: why for c, why in out} == {
+        t: f"needs {n} GPUs (one per rank); {devices} visible" for t, n in left_out.items()}

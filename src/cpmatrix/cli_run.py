@@ -22,7 +22,7 @@ from .console import Progress, format_summary
 from .errors import ExitCode, UsageError
 from .fsutil import atomic_write_json
 from .outdir import OutClaim, claim_out
-from .plan import plan_batches
+from .plan import fit_to_devices, plan_batches
 from .result import Result
 from .runners.base import ENV_ALLOW, Runner, get_runner, runner_names
 from .session import load_durations, run_cells
@@ -62,7 +62,8 @@ def _add_run_options(p: argparse.ArgumentParser, spill: bool = False) -> None:
                    help="seconds to wait for the other ranks after one rank fails a cell")
     p.add_argument("--dry-run", action="store_true", help="print the plan; run nothing")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
-                   help="cuda devices in the pool (default: all visible)")
+                   help="cuda devices in the pool (default: all visible); cuda cells with "
+                   "more ranks are skipped")
     p.add_argument("--keep-order", action="store_true",
                    help="run cells in matrix order instead of longest-first")
     p.add_argument("--python", default=sys.executable, metavar="PATH",
@@ -251,7 +252,8 @@ def _version(dist: str) -> str:
         return "absent"
 
 
-def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
+def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path,
+                left_out: list[tuple[Cell, str]]) -> None:
     spill = [c for c in cells if c.kind == "spill"]
     batches = plan_batches([c for c in cells if c.kind != "spill"],
                            durations=load_durations(out), batch_size=args.batch_size,
@@ -265,6 +267,15 @@ def _print_plan(cells: list[Cell], args: argparse.Namespace, out: Path) -> None:
         print(f"spill gates (compiled in one subprocess, no world): {len(spill)} cells")
         for c in spill:
             print(f"  {c.id}")
+    if left_out:
+        print(f"skipped (not run on this host, reported as skipped): {len(left_out)} cells")
+        for c, why in left_out:
+            print(f"  {c.id}  {why}")
+
+
+def _nothing_fits(skipped: int, gpus: int) -> str:
+    return (f"nothing to run: each of the {skipped} selected cells needs more GPUs than the "
+            f"{gpus} visible (one rank per GPU; select narrower meshes, e.g. -k 1x1)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -294,22 +305,39 @@ def _run(args: argparse.Namespace, out: Path, claim: OutClaim | None) -> int:
         print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
     platforms = {p.name: p for p in matrix.platforms}
+    if args.gpus is not None and args.gpus < 0:
+        raise UsageError(f"--gpus must be >= 0, got {args.gpus}")
+    cuda = {p.name for p in matrix.platforms if p.device == "cuda"}
+    needs_cuda = any(c.platform in cuda and c.kind != "spill" for c in cells)
+    gpus = args.gpus if args.gpus is not None else (visible_cuda_devices() if needs_cuda else 0)
+    # One GPU per rank (nccl): cuda cells wider than the GPUs are skipped, not run; the
+    # report holds them as skipped, so a gate still fails on them (docs/gpu.md).
+    selected = cells
+    left_out: list[tuple[Cell, str]] = []
+    if needs_cuda and gpus > 0:
+        cells, left_out = fit_to_devices(cells, device_platforms=cuda, devices=gpus)
     if args.dry_run:
-        _print_plan(cells, args, out)
+        _print_plan(cells, args, out, left_out)
+        if needs_cuda and gpus == 0:
+            print("note: no CUDA device is visible here, so a real run exits 2; "
+                  "--gpus N plans for a host with N GPUs")
+        if not cells:
+            print(_nothing_fits(len(left_out), gpus), file=sys.stderr)
+            return ExitCode.NOTHING_SELECTED
         return ExitCode.OK
     assert claim is not None
-    needs_cuda = any(platforms[c.platform].device == "cuda" and c.kind != "spill"
-                     for c in cells)
-    gpus = args.gpus if args.gpus is not None else (visible_cuda_devices() if needs_cuda else 0)
-    if needs_cuda:
-        if gpus == 0:
-            raise UsageError("the selection has cuda cells but no CUDA device is visible "
-                             "(use --dry-run to check the plan on a CPU machine)")
-        widest = max(c.world_size for c in cells
-                     if platforms[c.platform].device == "cuda" and c.kind != "spill")
-        if widest > gpus:
-            raise UsageError(f"a {widest}-rank cuda cell needs {widest} devices; {gpus} visible")
-    runner, why = resolve_runner(args.runner, platforms[cells[0].platform])
+    if needs_cuda and gpus == 0:
+        raise UsageError("the selection has cuda cells but no CUDA device is visible "
+                         "(use --dry-run to check the plan on a CPU machine)")
+    if needs_cuda and args.gpus is not None:
+        seen = visible_cuda_devices()
+        if seen < args.gpus:
+            print(f"warning: --gpus {args.gpus}, but {seen} CUDA devices are visible here: "
+                  "a world given a device that is not there fails", file=sys.stderr)
+    if left_out:
+        print(f"skipping {len(left_out)} cuda cells wider than the {gpus} GPU(s) visible "
+              "(one rank per GPU); they are reported as skipped", file=sys.stderr)
+    runner, why = resolve_runner(args.runner, platforms[selected[0].platform])
     print(f"runner: {runner.name} ({why})", flush=True)
     toolchain = interpreter_identity(args.python)
     mutants = discover_mutants(matrix, cells, args.python) if args.mutants else None
@@ -326,6 +354,7 @@ def _run(args: argparse.Namespace, out: Path, claim: OutClaim | None) -> int:
                 devices=gpus, mutants=mutants, keep_order=args.keep_order, cached=cached,
                 store=store, spill_cache=None if args.no_cache else cache_root(args) / "spill",
                 on_start=progress.start, on_result=progress.update, stopper=stopper,
+                skipped=left_out,
             )
         finally:
             progress.stop()
@@ -338,4 +367,9 @@ def _run(args: argparse.Namespace, out: Path, claim: OutClaim | None) -> int:
         print(f"stopped by {signal.Signals(stopped).name}: unfinished cells are reported as "
               "interrupted", file=sys.stderr)
         return exit_code_for(stopped)
+    if not cells:
+        print(_nothing_fits(len(left_out), gpus) + "; the report lists them as skipped",
+              file=sys.stderr)
+        return ExitCode.NOTHING_SELECTED
+    # A skipped cell is not ok either: 0 means every selected cell passed.
     return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES

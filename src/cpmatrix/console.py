@@ -103,7 +103,10 @@ def _failure_block(key: str, r: Result) -> list[str]:
 
 def format_summary(report: RunReport, out_dir: str) -> str:
     lines: list[str] = []
-    bad = [(k, r) for k, r in report.results.items() if not r.status.ok]
+    # Skipped cells were never run: one line per reason below, not a block each (a
+    # one-GPU host skips most of a cuda matrix).
+    bad = [(k, r) for k, r in report.results.items()
+           if not r.status.ok and r.status is not Status.SKIPPED]
     order = {Status.CRASH: 0, Status.TIMEOUT: 1, Status.FAILED: 2, Status.FLAKY: 3,
              Status.INTERRUPTED: 4}
     bad.sort(key=lambda kr: order.get(kr[1].status, 9))
@@ -113,6 +116,14 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         for key, r in bad:
             lines.append("")
             lines.extend(_failure_block(key, r))
+    reasons: dict[str, int] = {}
+    for r in report.results.values():
+        if r.status is Status.SKIPPED:
+            reasons[r.message] = reasons.get(r.message, 0) + 1
+    if reasons:
+        lines.append("")
+        lines.append(f"==== {sum(reasons.values())} skipped ====")
+        lines += [f"  {n} cells {why}" for why, n in sorted(reasons.items())]
     counts = report.counts()
     parts = [f"{counts.get(s.value, 0)} {s.value}" for s in Status if counts.get(s.value)]
     lines.append("")

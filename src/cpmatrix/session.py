@@ -103,8 +103,13 @@ def run_cells(
     on_result: Callable[[Entry, Result], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     stopper: Stopper | None = None,
+    skipped: Sequence[tuple[Cell, str]] = (),
 ) -> RunReport:
     """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
+
+    ``skipped`` holds cells that are not run here, each with the reason (a cuda cell
+    wider than the GPUs visible, see :func:`cpmatrix.plan.fit_to_devices`): no world is
+    planned for them, and the report holds each as ``skipped`` with that message.
 
     The report is written whatever happens: a Ctrl-C/SIGTERM (``StopRequested``) ends the
     run early with the unfinished cells ``interrupted`` (``RunReport.stopped_by``); an
@@ -138,6 +143,11 @@ def run_cells(
         entry = Entry(cell=c)
         session.planned.append(entry)
         session.record("cached", entry, cached[c.id])
+    for c, why in skipped:
+        entry = Entry(cell=c)
+        session.planned.append(entry)
+        session.record("skipped", entry, Result(cell_id=c.id, status=Status.SKIPPED,
+                                                message=f"not run: {why}"), notify=False)
 
     stopped_by: int | None = None
     internal: BaseException | None = None
@@ -167,7 +177,7 @@ def run_cells(
     session.close_unfinished(stopped_by, internal)
 
     ordered = {e.key: session.results[e.key] for e in session.planned}
-    cell_index = {c.id: c for c in cells}
+    cell_index = {c.id: c for c in (*cells, *(c for c, _ in skipped))}
     world_files = []
     for batch, keys in session.by_batch.items():
         path = out / "worlds" / f"{batch}.junit.xml"
@@ -212,10 +222,10 @@ class _Session:
         self.by_batch: dict[str, list[str]] = {}
         self.world_starts = 0
 
-    def record(self, batch: str, entry: Entry, result: Result) -> None:
+    def record(self, batch: str, entry: Entry, result: Result, *, notify: bool = True) -> None:
         self.results[entry.key] = result
         self.by_batch.setdefault(batch, []).append(entry.key)
-        if self.on_result is not None:
+        if notify and self.on_result is not None:
             self.on_result(entry, result)
 
     def finish(self, item: _Item, entry: Entry, result: Result) -> None:

@@ -1,0 +1,31 @@
+"""The end-of-run summary: failures one block each, skipped cells one line per reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cpmatrix.console import format_summary
+from cpmatrix.result import FailureKind, Result, Status
+from cpmatrix.session import RunReport
+
+
+def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:
+    why2 = "not run: needs 2 GPUs (one per rank); 1 visible"
+    why4 = "not run: needs 4 GPUs (one per rank); 1 visible"
+    results = {
+        "a": Result(cell_id="a", status=Status.PASSED),
+        "b": Result(cell_id="b", status=Status.FAILED, kind=FailureKind.ERROR,
+                    failing_ranks=(0,), message="boom"),
+        "c": Result(cell_id="c", status=Status.SKIPPED, message=why2),
+        "d": Result(cell_id="d", status=Status.SKIPPED, message=why2),
+        "e": Result(cell_id="e", status=Status.SKIPPED, message=why4),
+    }
+    text = format_summary(RunReport(results=results, wall_s=1.0, world_starts=1,
+                                    report_path=Path("out/report.xml"), worlds=1), "out")
+    lines = text.splitlines()
+    assert "==== 1 not passed ====" in lines
+    assert "FAILED b" in lines
+    assert not any(ln.startswith("SKIPPED") for ln in lines)
+    assert lines[lines.index("==== 3 skipped ====") + 1:][:2] == [
+        f"  2 cells {why2}", f"  1 cells {why4}"]
+    assert "==== 5 cells: 1 passed, 1 failed, 3 skipped in 1.0 s" in text

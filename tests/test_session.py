@@ -1,0 +1,50 @@
+"""``run_cells`` with cells it must not run: skipped ones share the report with real ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cpmatrix.cli_run import make_world_options
+from cpmatrix.expand import expand
+from cpmatrix.junit import read_junit_results
+from cpmatrix.load import load_matrix
+from cpmatrix.plan import fit_to_devices
+from cpmatrix.runners.base import get_runner
+from cpmatrix.session import run_cells
+
+RES = Path(__file__).parent / "resources"
+
+
+@pytest.mark.slow
+def test_skipped_cells_are_reported_beside_the_cells_that_ran(tmp_path: Path) -> None:
+    matrix = load_matrix(RES / "runtime.yaml")
+    cells = expand(matrix).cells
+    run = [c for c in cells if c.platform == "cpu" and c.world_size == 1]
+    wide = [c for c in cells if c.platform == "cuda" and c.world_size > 1]
+    _, skipped = fit_to_devices(wide, device_platforms={"cuda"}, devices=1)
+    assert len(run) == 1 and len(skipped) == 3
+    out = tmp_path / "out"
+    options = make_world_options(matrix, out, get_runner("local"), abort_grace=5.0,
+                                 run_id="test-skip")
+    seen: list[str] = []
+    report = run_cells(run, {p.name: p for p in matrix.platforms}, options, skipped=skipped,
+                       on_result=lambda entry, result: seen.append(entry.key))
+    # One world for the cell that ran, none for the skipped ones; progress hears of the
+    # cell that ran only.
+    assert report.world_starts == 1
+    assert seen == [run[0].id]
+    assert {k: r.status.value for k, r in report.results.items()} == {
+        run[0].id: "passed", **{c.id: "skipped" for c, _ in skipped}}
+    cases = {c["name"]: c for c in read_junit_results(out / "report.xml")}
+    assert cases[run[0].id]["properties"]["status"] == "passed"
+    for c, why in skipped:
+        props = cases[c.id]["properties"]
+        assert props["status"] == "skipped" and props["world_size"] == str(c.world_size)
+        assert props["message"] == f"not run: {why}"
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(r["status"] for r in results) == ["passed", "skipped", "skipped", "skipped"]
+    # A skipped cell never enters the durations the planner learns from.
+    assert set(json.loads((out / "durations.json").read_text())) == {run[0].id}
