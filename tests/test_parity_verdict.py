@@ -235,6 +235,16 @@ def test_worst_difference_counts_nan_and_inf_as_inf_and_ints_as_zero() -> None:
     assert "(max abs 0;" in problem  # integers: only "differs" is evidence
 
 
+def test_a_tensor_packed_at_an_odd_offset_is_still_measured() -> None:
+    # a float64 after three float32s starts at byte 12: viewing it in place would raise
+    tensors = {"s": torch.zeros(3), "d": torch.zeros(2, dtype=torch.float64)}
+    group = ReplicaGroup("cp0", 0, tensors)
+    sent = [pack(tensors), pack({"s": torch.zeros(3), "d": torch.tensor([0.0, 2.5],
+                                                                       dtype=torch.float64)})]
+    (problem,) = replica_problems(group, [0, 1], sent)
+    assert problem.startswith("d: differs over cp0") and "(max abs 2.5;" in problem
+
+
 def test_replicas_are_compared_bitwise() -> None:
     group = ReplicaGroup("cp0", 0, {"z": torch.zeros(1)})
     sent = [pack({"z": torch.zeros(1)}), pack({"z": -torch.zeros(1)})]  # 0.0 == -0.0

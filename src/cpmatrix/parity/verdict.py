@@ -246,11 +246,16 @@ def replica_problems(
 
 
 def _worst_abs(dtype: torch.dtype, parts: Sequence[torch.Tensor]) -> float:
-    """Largest |other - first| over the ranks' copies (NaN counts as inf): evidence only."""
-    base = parts[0].view(dtype).double()
+    """Largest |other - first| over the ranks' copies (NaN counts as inf): evidence only.
+
+    The byte slices are copied before being viewed as ``dtype``: a tensor packed after
+    one of another element size starts at an offset ``view`` refuses (a float64 after
+    three float32s starts at byte 12).
+    """
+    base = parts[0].clone().view(dtype).double()
     worst = 0.0
     for other in parts[1:]:
-        diff = (other.view(dtype).double() - base).abs()
+        diff = (other.clone().view(dtype).double() - base).abs()
         diff = diff.nan_to_num(nan=float("inf"), posinf=float("inf"))
         worst = max(worst, float(diff.max()))
     return worst
