@@ -289,6 +289,14 @@ def test_allow_zero_never_excuses_a_nonfinite_grad() -> None:
     assert out.problems == ["g: 1 non-finite elements"]
 
 
+@pytest.mark.parametrize("bad", [complex(float("inf"), 0.0), complex(0.0, float("nan"))])
+def test_complex_grads_must_be_finite_too(bad: complex) -> None:
+    out = grad_verdict({"z": torch.tensor([1 + 1j, bad], dtype=torch.complex128)})
+    assert out.problems == ["z: 1 non-finite elements"]
+    fine = grad_verdict({"z": torch.tensor([0j, 3 + 4j])})
+    assert fine.ok and fine.lines == ["z: max abs 5"]
+
+
 def test_integer_grads_are_judged_by_value_only() -> None:
     assert grad_verdict({"i": torch.tensor([0, -3])}).lines == ["i: max abs 3"]
     assert not grad_verdict({"i": torch.tensor([0, 0])}).ok

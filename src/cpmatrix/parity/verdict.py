@@ -271,7 +271,7 @@ def grad_verdict(
     """Each grad (its full value) present, finite and not all zero.
 
     ``allow_zero[name] = reason`` exempts one grad from "not all zero", never from
-    "finite": +/-inf and NaN fail.
+    "finite": +/-inf and NaN fail, in real and complex grads alike.
 
     >>> grad_verdict({"w": torch.tensor([1.0, float("inf")])}).problems
     ['w: 1 non-finite elements']
@@ -282,7 +282,8 @@ def grad_verdict(
         if grad is None:
             out.problems.append(f"{name}: no gradient (not connected to the output?)")
             continue
-        nonfinite = int((~torch.isfinite(grad)).sum()) if grad.is_floating_point() else 0
+        inexact = grad.is_floating_point() or grad.is_complex()
+        nonfinite = int((~torch.isfinite(grad)).sum()) if inexact else 0
         if nonfinite:
             out.problems.append(f"{name}: {nonfinite} non-finite elements")
             continue
