@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.tensor import Shard
 
 from cpmatrix.parity import compare_named, format_diffs, tolerance_for
 from cpmatrix.parity.compare import flatten
+from fake_mesh import FakeDTensor
 
 FP64 = tolerance_for("fp64")
 
@@ -75,3 +77,101 @@ def test_flatten_names_nested_outputs() -> None:
     out = {"a": torch.zeros(1), "b": (torch.zeros(1), [torch.zeros(1)])}
     assert [n for n, _ in flatten(out)] == ["out.a", "out.b.0", "out.b.1.0"]
     assert [n for n, _ in flatten(torch.zeros(1))] == ["out"]
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "ok", "bad"),
+    [
+        # a serial inf never fits inside `atol + rtol * |inf|`, nor does a CP one
+        ([1.0, 5.0], [INF, 5.0], False, 1),
+        ([INF, 5.0], [1.0, 5.0], False, 1),
+        ([-INF, INF], [-INF, INF], True, 0),  # equal infs of the same sign are equal
+        ([NAN, INF], [NAN, -INF], False, 2),  # NaN is never equal, not even to NaN
+        ([1.0, 2.0], [1.0 + 5e-8, 2.0 - 2e-7], True, 0),  # within atol + rtol * |e|
+    ],
+)
+def test_non_finite_values(actual: list[float], expected: list[float], ok: bool,
+                           bad: int) -> None:
+    a, e = torch.tensor(actual, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    (d,) = compare_named({"t": (a, e)}, FP64)
+    assert (d.ok, d.bad, d.numel) == (ok, bad, 2)
+    if not ok:
+        assert d.max_abs == INF  # inf or NaN evidence is inf, not the largest float
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "ok", "note"),
+    [
+        (3, 3, True, ""),
+        (3, 4, False, "3 != 4"),
+        (0.5, 0.5, True, ""),
+        (0.5, 0.5 + 1e-12, False, "0.5 != 0.500000000001"),  # leaves are exact
+        (NAN, NAN, False, "nan != nan"),
+        ("mean", "mean", True, ""),
+        ("mean", "sum", False, "'mean' != 'sum'"),
+        (None, None, True, ""),  # e.g. an optional output absent on both sides
+        (None, 3, False, "missing on the CP side"),
+        (3, None, False, "missing on the serial side"),
+        (torch.ones(3), 1.0, False, "Tensor != serial float"),  # never compared elementwise
+        (1, torch.ones(()), False, "int != serial Tensor"),
+    ],
+)
+def test_non_tensor_leaves_are_compared_by_equality_and_reported(
+    actual: object, expected: object, ok: bool, note: str,
+) -> None:
+    (d,) = compare_named({"leaf": (actual, expected)}, FP64)
+    assert (d.ok, d.note) == (ok, note)
+    if not ok:
+        assert d.max_abs == INF and "leaf: " in format_diffs("output", [d], FP64)
+
+
+def test_integer_and_bool_tensors_are_compared_exactly() -> None:
+    big = torch.tensor([2**53 + 1, 7])  # no float64 holds 2**53 + 1
+    (d,) = compare_named({"i": (big, torch.tensor([2**53, 7]))}, FP64)
+    assert (d.ok, d.bad, d.max_abs) == (False, 1, 1.0)
+    flipped = torch.tensor([True, False, True])
+    (d,) = compare_named({"b": (~flipped, flipped)}, FP64)
+    assert (d.ok, d.bad, d.numel, d.max_abs) == (False, 3, 3, 1.0)
+    (d,) = compare_named({"i": (torch.tensor([1, 2]), torch.tensor([1, 2]))}, FP64)
+    assert d.ok and d.max_abs == 0.0
+
+
+def test_complex_tensors_compare_the_modulus_of_the_difference() -> None:
+    e = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex128)
+    (d,) = compare_named({"z": (e + 1e-3j, e)}, FP64)  # only the imaginary part moved
+    assert (d.ok, d.bad) == (False, 2)
+    assert d.max_abs == pytest.approx(1e-3)
+    (d,) = compare_named({"z": (e + 1e-9j, e)}, FP64)
+    assert d.ok and d.max_abs == pytest.approx(1e-9)
+
+
+def test_empty_tensors_need_the_same_shape_and_dtype() -> None:
+    empty = torch.zeros(0, 3)
+    (d,) = compare_named({"t": (torch.zeros(0, 3), empty)}, FP64)
+    assert (d.ok, d.numel, d.max_abs, d.note) == (True, 0, 0.0, "")
+    (d,) = compare_named({"t": (torch.zeros(3, 0), empty)}, FP64)
+    assert not d.ok and d.note == "shape (3, 0) != serial (0, 3)"
+    (d,) = compare_named({"t": (torch.zeros(0, 3, dtype=torch.float64), empty)}, FP64)
+    assert not d.ok and d.note == "dtype torch.float64 != serial torch.float32"
+
+
+def test_relative_difference_ignores_zero_expected_values() -> None:
+    (d,) = compare_named({"t": (torch.tensor([0.5, 4.0]), torch.tensor([0.0, 2.0]))}, FP64)
+    assert (d.max_abs, d.max_rel) == (2.0, 1.0)
+    (d,) = compare_named({"t": (torch.tensor([0.5]), torch.tensor([0.0]))}, FP64)
+    assert (d.max_abs, d.max_rel) == (0.5, 0.0)
+
+
+def test_dtensors_are_compared_through_their_full_value() -> None:
+    full = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    cp = FakeDTensor(torch.tensor([1.0, 2.0]), (Shard(0),), full=full)
+    (d,) = compare_named({"y": (cp, full.clone())}, FP64)  # the local shard alone: shape 2
+    assert d.ok and d.numel == 4
+
+
+def test_a_diff_line_carries_its_note() -> None:
+    (d,) = compare_named({"t": (torch.zeros(2), torch.zeros(3))}, FP64)
+    assert d.line() == "t: max abs inf, max rel inf, 3/3 outside (shape (2,) != serial (3,))"
