@@ -134,6 +134,17 @@ def test_assert_replicated_identical_raises_on_every_rank_that_sees_it(world: An
 
     for text in fake.run(check):
         assert text.startswith("replicated_identical|replicated_identical: c: differs over cp1")
+
+    def two(mesh: FakeMesh) -> str:
+        values = {"a": torch.full((1,), float(mesh.rank)), "b": torch.full((1,), -mesh.rank)}
+        try:
+            assert_replicated_identical(values, mesh)
+        except ReplicationError as exc:
+            return str(exc)
+        return "passed"
+
+    for text in fake.run(two):
+        assert "broadcast?); b: differs over cp1" in text  # every problem, "; "-joined
     ok = fake.run(lambda mesh: assert_replicated_identical(_three(mesh.rank), mesh))
     assert all(out.lines == ["3 tensors bitwise identical over cp1"] for out in ok)
 
@@ -149,6 +160,9 @@ def test_assert_sharding_active_raises_a_vacuous_error() -> None:
         assert_sharding_active({"x": whole}, mesh)
     assert info.value.check == "sharding_active"
     assert str(info.value).startswith("sharding_active: x: Shard(0) over cp1 (size 2)")
+    with pytest.raises(VacuousError) as info:
+        assert_sharding_active({"x": whole, "y": whole}, mesh)
+    assert "on dim 0; y: Shard(0) over cp1" in str(info.value)  # every problem, "; "-joined
     split = FakeDTensor(torch.zeros(2), (Replicate(), Shard(0)), global_shape=(4,))
     assert assert_sharding_active({"x": split}, mesh).lines == [
         "x: local (2,) < global (4,) on dim 0 over cp1"]
@@ -238,7 +252,15 @@ def test_empty_and_dtensor_parameters_are_left_alone() -> None:
     sharded._local, sharded.placements = torch.zeros(2), (Shard(0),)  # lost by Parameter()
     module = _holder(empty=torch.zeros(0, 3))
     module.register_parameter("sharded", sharded)
+    module.register_parameter("zero", nn.Parameter(torch.zeros(3)))  # after them: still seen
+    assert perturb_degenerate_(module, torch.Generator().manual_seed(0)) == ["zero"]
+
+
+@pytest.mark.parametrize("values", [[5.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 5.0]])
+def test_one_different_element_anywhere_makes_a_parameter_live(values: list[float]) -> None:
+    module = _holder(w=torch.tensor(values))
     assert perturb_degenerate_(module, torch.Generator().manual_seed(0)) == []
+    assert module.get_parameter("w").detach().tolist() == values
 
 
 def test_grad_problems_catch_missing_zero_and_nonfinite() -> None:
@@ -258,6 +280,12 @@ def test_grad_problems_catch_missing_zero_and_nonfinite() -> None:
     assert info.value.check == "nonzero" and check_of(info.value) == "nonzero"
     assert str(info.value) == "nonzero: w: all zero (vacuous: 0 == 0 passes)"
     assert assert_grads_nonzero_finite({"w": torch.ones(2)}).lines == ["w: max abs 1"]
+    with pytest.raises(VacuousError) as info:
+        assert_grads_nonzero_finite({"a": None, "b": torch.zeros(1)})
+    assert str(info.value) == ("nonzero: a: no gradient (not connected to the output?); "
+                               "b: all zero (vacuous: 0 == 0 passes)")
+    allowed = assert_grads_nonzero_finite({"m": torch.zeros(1)}, allow_zero={"m": "masked"})
+    assert allowed.lines == ["m: all zero, allowed: masked"]
 
 
 def test_a_dtensor_grad_is_judged_by_its_full_value() -> None:

@@ -134,7 +134,7 @@ def test_messages_name_unnamed_mesh_dims_by_position() -> None:
 
 def test_a_plain_tensor_must_agree_over_every_axis_above_one() -> None:
     x = torch.arange(3.0)
-    groups = replica_groups({"x": x, "n": 7, "s": "text"}, MESH22)
+    groups = replica_groups({"n": 7, "x": x, "s": "text"}, MESH22)
     assert [(g.label, g.mesh_dim, list(g.tensors)) for g in groups] == [
         ("cp0", 0, ["x"]), ("cp1", 1, ["x"])]
     assert groups[0].tensors["x"] is x
@@ -178,10 +178,11 @@ def test_meta_problems_only_when_a_rank_disagrees() -> None:
     group = ReplicaGroup("cp1", 1, {"a": torch.zeros(2)})
     same = [[("a", (2,), "torch.float32")]] * 3
     assert meta_problems(group, [4, 5, 6], same) == []
-    other = [*same[:2], [("a", (3,), "torch.float32")]]
-    (problem,) = meta_problems(group, [4, 5, 6], other)
-    assert problem.startswith("over cp1 (ranks [4, 5, 6]): names/shapes/dtypes differ: ")
-    assert "(3,)" in problem
+    for odd in range(3):  # whichever rank disagrees, the first one included
+        metas = [[("a", (3 if rank == odd else 2,), "torch.float32")] for rank in range(3)]
+        (problem,) = meta_problems(group, [4, 5, 6], metas)
+        assert problem.startswith("over cp1 (ranks [4, 5, 6]): names/shapes/dtypes differ: ")
+        assert "(3,)" in problem
 
 
 # --------------------------------------------------------------------------------------

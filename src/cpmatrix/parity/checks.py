@@ -151,7 +151,7 @@ def grad_problems(
     pad-only shard). Every rank reassembles every DTensor grad in the same order, so the
     collectives of ``full_tensor()`` line up.
     """
-    full = {name: None if grad is None else to_full(grad) for name, grad in named.items()}
+    full = {name: to_full(grad) for name, grad in named.items()}  # None stays None
     return grad_verdict(full, allow_zero=allow_zero)
 
 
@@ -197,9 +197,8 @@ def perturb_degenerate_(module: torch.nn.Module, generator: torch.Generator) -> 
             if p.numel() == 0 or is_dtensor(p):
                 continue
             flat = p.detach().reshape(-1)
-            degenerate = (
-                bool((flat == 0).all()) if p.numel() == 1 else bool((flat == flat[0]).all())
-            )
+            # one element is trivially "all equal": only zero makes it vacuous
+            degenerate = bool(flat[0] == 0) if p.numel() == 1 else bool((flat[1:] == flat[0]).all())
             if not degenerate:
                 continue
             fan_in = p.shape[1:].numel() if p.ndim >= 2 else 0

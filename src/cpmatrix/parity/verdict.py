@@ -24,6 +24,7 @@ Example (two ranks of one axis sent the same first tensor and different second o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -115,18 +116,16 @@ def sharding_problems(named: Mapping[str, Any], mesh: MeshLike) -> CheckOutcome:
         out.skipped = "1x1 mesh: local == global by design"
         return out
     names = dim_names(mesh)
-    active = 0
     for name, value in named.items():
         if not is_dtensor(value):
             continue  # a plain tensor among the inputs: the others still count
         local_shape = tuple(value.to_local().shape)
         global_shape = tuple(value.shape)
         for mesh_dim, placement in enumerate(value.placements):
-            dim = getattr(placement, "dim", None)
-            if not placement.is_shard() or dim is None or mesh.size(mesh_dim) == 1:
+            if not placement.is_shard() or mesh.size(mesh_dim) == 1:
                 continue
-            if local_shape[dim] < global_shape[dim]:
-                active += 1
+            dim = placement.dim
+            if local_shape[dim] < global_shape[dim]:  # one evidence line per real split
                 out.lines.append(
                     f"{name}: local {local_shape} < global {global_shape} "
                     f"on dim {dim} over {names[mesh_dim]}"
@@ -136,7 +135,7 @@ def sharding_problems(named: Mapping[str, Any], mesh: MeshLike) -> CheckOutcome:
                     f"{name}: Shard({dim}) over {names[mesh_dim]} (size {mesh.size(mesh_dim)}) "
                     f"but local shape {local_shape} == global {global_shape} on dim {dim}"
                 )
-    if active == 0 and not out.problems:
+    if not out.lines and not out.problems:
         out.problems.append(
             f"mesh {tuple(mesh.shape)} has an axis > 1 but no input is sharded over it: "
             f"declare Shard placements over {names} (the CP path would run as serial code)"
@@ -213,7 +212,8 @@ def meta_problems(group: ReplicaGroup, ranks: Sequence[int], metas: Sequence[Any
     byte buffers differ in size, so no byte gather may follow (every rank sees the same
     metas and skips it alike).
     """
-    if any(m != metas[0] for m in metas):
+    first, *others = metas
+    if any(m != first for m in others):
         return [f"over {group.label} (ranks {list(ranks)}): names/shapes/dtypes differ: "
                 f"{list(metas)}"]
     return []
@@ -234,7 +234,8 @@ def replica_problems(
         nbytes = t.numel() * t.element_size()
         parts = [buf[offset : offset + nbytes] for buf in gathered]
         offset += nbytes
-        differing = [ranks[i] for i in range(1, len(parts)) if not torch.equal(parts[i], parts[0])]
+        differing = [rank for rank, part in zip(ranks[1:], parts[1:], strict=True)
+                     if not torch.equal(part, parts[0])]
         if not differing:
             continue
         worst = _worst_abs(t.dtype, parts) if t.is_floating_point() else 0.0
@@ -256,7 +257,7 @@ def _worst_abs(dtype: torch.dtype, parts: Sequence[torch.Tensor]) -> float:
     worst = 0.0
     for other in parts[1:]:
         diff = (other.clone().view(dtype).double() - base).abs()
-        diff = diff.nan_to_num(nan=float("inf"), posinf=float("inf"))
+        diff = diff.nan_to_num(nan=math.inf, posinf=math.inf)
         worst = max(worst, float(diff.max()))
     return worst
 
@@ -282,8 +283,7 @@ def grad_verdict(
         if grad is None:
             out.problems.append(f"{name}: no gradient (not connected to the output?)")
             continue
-        inexact = grad.is_floating_point() or grad.is_complex()
-        nonfinite = int((~torch.isfinite(grad)).sum()) if inexact else 0
+        nonfinite = int((~torch.isfinite(grad)).sum())  # integer grads: always finite
         if nonfinite:
             out.problems.append(f"{name}: {nonfinite} non-finite elements")
             continue
