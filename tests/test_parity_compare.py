@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Shard
 
-from cpmatrix.parity import compare_named, format_diffs, tolerance_for
+from cpmatrix.parity import Diff, compare_named, format_diffs, tolerance_for
 from cpmatrix.parity.compare import flatten
 from fake_mesh import FakeDTensor
 
@@ -103,29 +103,39 @@ def test_non_finite_values(actual: list[float], expected: list[float], ok: bool,
 
 
 @pytest.mark.parametrize(
-    ("actual", "expected", "ok", "note"),
+    ("actual", "expected", "want"),
     [
-        (3, 3, True, ""),
-        (3, 4, False, "3 != 4"),
-        (0.5, 0.5, True, ""),
-        (0.5, 0.5 + 1e-12, False, "0.5 != 0.500000000001"),  # leaves are exact
-        (NAN, NAN, False, "nan != nan"),
-        ("mean", "mean", True, ""),
-        ("mean", "sum", False, "'mean' != 'sum'"),
-        (None, None, True, ""),  # e.g. an optional output absent on both sides
-        (None, 3, False, "missing on the CP side"),
-        (3, None, False, "missing on the serial side"),
-        (torch.ones(3), 1.0, False, "Tensor != serial float"),  # never compared elementwise
-        (1, torch.ones(()), False, "int != serial Tensor"),
+        (3, 3, Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        (3, 4, Diff("leaf", False, INF, 0.0, 1, 1, "3 != 4")),
+        (0.5, 0.5, Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        # leaves are exact
+        (0.5, 0.5 + 1e-12, Diff("leaf", False, INF, 0.0, 1, 1, "0.5 != 0.500000000001")),
+        (NAN, NAN, Diff("leaf", False, INF, 0.0, 1, 1, "nan != nan")),
+        ("mean", "mean", Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        ("mean", "sum", Diff("leaf", False, INF, 0.0, 1, 1, "'mean' != 'sum'")),
+        # e.g. an optional output absent on both sides
+        (None, None, Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        (None, 3, Diff("leaf", False, INF, INF, 0, 0, "missing on the CP side")),
+        (3, None, Diff("leaf", False, INF, INF, 0, 0, "missing on the serial side")),
+        # a tensor against a non-tensor is never compared elementwise
+        (torch.ones(3), 1.0, Diff("leaf", False, INF, INF, 1, 1, "Tensor != serial float")),
+        (1, torch.ones(()), Diff("leaf", False, INF, INF, 1, 1, "int != serial Tensor")),
     ],
 )
 def test_non_tensor_leaves_are_compared_by_equality_and_reported(
-    actual: object, expected: object, ok: bool, note: str,
+    actual: object, expected: object, want: Diff,
 ) -> None:
     (d,) = compare_named({"leaf": (actual, expected)}, FP64)
-    assert (d.ok, d.note) == (ok, note)
-    if not ok:
-        assert d.max_abs == INF and "leaf: " in format_diffs("output", [d], FP64)
+    assert d == want
+
+
+def test_a_leaf_without_a_truth_value_is_a_mismatch() -> None:
+    class Ambiguous:
+        def __eq__(self, other: object) -> bool:
+            raise ValueError("no single truth value")
+
+    (d,) = compare_named({"leaf": (Ambiguous(), Ambiguous())}, FP64)
+    assert (d.ok, d.bad) == (False, 1) and " != " in d.note
 
 
 def test_integer_and_bool_tensors_are_compared_exactly() -> None:
@@ -151,11 +161,11 @@ def test_complex_tensors_compare_the_modulus_of_the_difference() -> None:
 def test_empty_tensors_need_the_same_shape_and_dtype() -> None:
     empty = torch.zeros(0, 3)
     (d,) = compare_named({"t": (torch.zeros(0, 3), empty)}, FP64)
-    assert (d.ok, d.numel, d.max_abs, d.note) == (True, 0, 0.0, "")
+    assert d == Diff("t", True, 0.0, 0.0, 0, 0)
     (d,) = compare_named({"t": (torch.zeros(3, 0), empty)}, FP64)
-    assert not d.ok and d.note == "shape (3, 0) != serial (0, 3)"
+    assert d == Diff("t", False, INF, INF, 0, 0, "shape (3, 0) != serial (0, 3)")
     (d,) = compare_named({"t": (torch.zeros(0, 3, dtype=torch.float64), empty)}, FP64)
-    assert not d.ok and d.note == "dtype torch.float64 != serial torch.float32"
+    assert d == Diff("t", False, 0.0, 0.0, 0, 0, "dtype torch.float64 != serial torch.float32")
 
 
 def test_relative_difference_ignores_zero_expected_values() -> None:
@@ -174,4 +184,17 @@ def test_dtensors_are_compared_through_their_full_value() -> None:
 
 def test_a_diff_line_carries_its_note() -> None:
     (d,) = compare_named({"t": (torch.zeros(2), torch.zeros(3))}, FP64)
+    assert d == Diff("t", False, INF, INF, 3, 3, "shape (2,) != serial (3,)")
     assert d.line() == "t: max abs inf, max rel inf, 3/3 outside (shape (2,) != serial (3,))"
+    (d,) = compare_named({"u": (torch.ones(2), torch.zeros(2))}, FP64)
+    assert d.line() == "u: max abs 1, max rel 0, 2/2 outside"
+
+
+def test_format_diffs_lists_only_the_mismatches_one_per_line() -> None:
+    diffs = compare_named({"a": (torch.ones(1), torch.ones(1)), "b": (torch.ones(1), 2.0),
+                           "c": (torch.zeros(1), torch.ones(1))}, FP64)
+    assert format_diffs("output", diffs, FP64) == (
+        "output: 2 of 3 tensors differ from serial (rtol=1e-07, atol=1e-07 (table "
+        "fp64/off/reference))\n"
+        "  b: max abs inf, max rel inf, 1/1 outside (Tensor != serial float)\n"
+        "  c: max abs 1, max rel 1, 1/1 outside")

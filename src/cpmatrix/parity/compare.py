@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,7 @@ def _diff(name: str, actual: Any, expected: Any, tol: Tolerance) -> Diff:
     if actual.shape != expected.shape:
         note = f"shape {tuple(actual.shape)} != serial {tuple(expected.shape)}"
         return Diff(
-            name, False, float("inf"), float("inf"), expected.numel(), expected.numel(), note
+            name, False, math.inf, math.inf, expected.numel(), expected.numel(), note
         )
     numel = expected.numel()
     note = (
@@ -121,8 +122,7 @@ def _diff(name: str, actual: Any, expected: Any, tol: Tolerance) -> Diff:
 
 def _worst(values: torch.Tensor) -> float:
     """The largest value, NaN counted as inf (nan_to_num alone would turn inf into 1.8e308)."""
-    inf = float("inf")
-    return float(torch.nan_to_num(values, nan=inf, posinf=inf).max())
+    return float(torch.nan_to_num(values, nan=math.inf, posinf=math.inf).max())
 
 
 def _exact(t: torch.Tensor) -> bool:
@@ -139,17 +139,17 @@ def _leaf_diff(name: str, actual: Any, expected: Any) -> Diff:
     if (actual is None) != (expected is None):
         missing = "CP" if actual is None else "serial"
         return Diff(
-            name, False, float("inf"), float("inf"), 0, 0, f"missing on the {missing} side"
+            name, False, math.inf, math.inf, 0, 0, f"missing on the {missing} side"
         )
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
         note = f"{type(actual).__name__} != serial {type(expected).__name__}"
-        return Diff(name, False, float("inf"), float("inf"), 1, 1, note)
+        return Diff(name, False, math.inf, math.inf, 1, 1, note)
     try:
         same = bool(actual == expected)
     except (TypeError, ValueError, RuntimeError):  # e.g. arrays: no single truth value
         same = False
     note = "" if same else f"{actual!r} != {expected!r}"
-    return Diff(name, same, 0.0 if same else float("inf"), 0.0, int(not same), 1, note)
+    return Diff(name, same, 0.0 if same else math.inf, 0.0, int(not same), 1, note)
 
 
 def compare_named(pairs: Mapping[str, tuple[Any, Any]], tol: Tolerance) -> list[Diff]:
