@@ -34,6 +34,7 @@ def test_doctests_run() -> None:
         ("import a.b, c", "m", False, ["a.b", "c"]),
         ("from a.b import c, d", "m", False, ["a.b", "a.b.c", "a.b.d"]),
         ("from a import *", "m", False, ["a"]),
+        ("from a import b", "pkg.case", False, ["a", "a.b"]),  # absolute inside a package
         # relative, from a module: the dots count from its package
         ("from .helper import f", "pkg.case", False, ["pkg.helper", "pkg.helper.f"]),
         ("from . import helper", "pkg.case", False, ["pkg", "pkg.helper"]),
@@ -49,6 +50,7 @@ def test_doctests_run() -> None:
         ("from .. import helper", "pkg.case", False, []),
         ("from .... import x", "a.b.c", True, []),
         ("from . import helper", "toplevel", False, []),
+        ("from .helper import f", "toplevel", False, []),
         ("def broken(:", "m", False, []),
     ],
 )
@@ -107,6 +109,20 @@ def test_editing_any_module_the_case_reaches_changes_its_key(project: Path, edit
     assert closure(project) != before
 
 
+@pytest.mark.parametrize(
+    ("module", "edited"),
+    [("pkg.deep", "pkg/__init__.py"), ("pkg.sub.inner", "pkg/sub/__init__.py"),
+     ("pkg.sub.inner", "pkg/__init__.py")],
+)
+def test_a_submodule_key_covers_its_parent_packages(project: Path, module: str,
+                                                    edited: str) -> None:
+    # importing pkg.sub.inner runs pkg/__init__.py and pkg/sub/__init__.py first, though
+    # inner.py never names them
+    before = closure(project, module)
+    (project / edited).write_text((project / edited).read_text() + "\n# edited\n")
+    assert closure(project, module) != before
+
+
 @pytest.mark.parametrize("edited", ["pkg/unused.py", "other.py"])
 def test_editing_a_module_the_case_never_imports_keeps_its_key(project: Path,
                                                                edited: str) -> None:
@@ -148,7 +164,8 @@ def test_the_action_digest_changes_with_each_input(project: Path) -> None:
     assert re.fullmatch(r"[0-9a-f]{64}", keys.runtime_digest)
     cell: Any = SimpleNamespace(digest="cell-1", case="pkg.case:run")
     base = keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"})
-    assert base == keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"})
+    assert base == keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"},
+                               mutant="")  # a plain run is the run of no mutant
     variants = [
         keys.digest(SimpleNamespace(digest="cell-2", case="pkg.case:run"),  # type: ignore[arg-type]
                     runner_identity={"runner": "local"}, env={"A": "1"}),

@@ -139,10 +139,8 @@ class ActionKeys:
             parts = name.split(".")
             stack.extend(".".join(parts[:i]) for i in range(1, len(parts)))
             stack.extend(_imports(source, name, path.endswith("__init__.py")))
-        h = hashlib.sha256()
-        for name in sorted(seen):
-            h.update(name.encode() + b"\0" + hashlib.sha256(seen[name]).digest())
-        digest = h.hexdigest()
+        sources = {name: hashlib.sha256(source).hexdigest() for name, source in seen.items()}
+        digest = hashlib.sha256(canonical_json(sources).encode()).hexdigest()
         self._closure[module] = digest
         return digest
 
