@@ -7,7 +7,9 @@
     nox -s tests lint spill mutants report gate
 
 Every session runs in the current environment (``venv_backend="none"``): cpmatrix and
-torch are installed once by ``.ci/install`` and never reinstalled per session.
+torch are installed once by ``.ci/install`` and never reinstalled per session. The one
+exception is ``mutation``, which builds its own virtualenv (mutmut and its dependencies
+stay out of the working environment).
 """
 
 from __future__ import annotations
@@ -122,3 +124,15 @@ def gate(session: nox.Session) -> None:
     args = session.posargs or ["--policy", "release", "--report",
                                _out("parity-cpu") + "/report.xml"]
     session.run("cpmatrix", "gate", *args, external=True)
+
+
+@nox.session(venv_backend="virtualenv", reuse_venv=True)
+def mutation(session: nox.Session) -> None:
+    """Mutation-test the verdict core with mutmut against its fast tests; score per module.
+
+    Extra args go to tools/mutation_score.py, e.g. ``-- --only parity --fail-under 90``.
+    """
+    # torch first and pinned: on the CPU-only machines 2.13.0 is the CPU wheel on disk
+    session.install("torch==2.13.0", "numpy")
+    session.install("-e", ".[dev]")
+    session.run("python", "tools/mutation_score.py", *session.posargs)
