@@ -158,6 +158,26 @@ def test_complex_tensors_compare_the_modulus_of_the_difference() -> None:
     assert d.ok and d.max_abs == pytest.approx(1e-9)
 
 
+def test_the_allowance_is_inclusive_as_in_assert_close() -> None:
+    # |a - e| == atol + rtol * |e| exactly (e = 0: the allowance is atol)
+    (d,) = compare_named({"t": (torch.tensor([1e-7], dtype=torch.float64),
+                                torch.tensor([0.0], dtype=torch.float64))}, FP64)
+    assert d.ok and d.max_abs == 1e-7
+
+
+def test_low_precision_and_mixed_dtypes_are_measured_in_float64_or_complex128() -> None:
+    # float16 would overflow: 60000 - (-60000) is inf in float16, 120000 in float64
+    half = torch.tensor([60000.0], dtype=torch.float16)
+    (d,) = compare_named({"t": (half, -half)}, FP64)
+    assert (d.ok, d.max_abs) == (False, 120000.0)
+    # a float against an int: a dtype mismatch, measured as floats (0.5, not 0)
+    (d,) = compare_named({"t": (torch.tensor([0.5]), torch.tensor([0]))}, FP64)
+    assert (d.ok, d.max_abs, d.note) == (False, 0.5, "dtype torch.float32 != serial torch.int64")
+    # complex against real: the imaginary part still counts
+    (d,) = compare_named({"t": (torch.tensor([1 + 2j]), torch.tensor([1.0]))}, FP64)
+    assert (d.ok, d.max_abs) == (False, 2.0)
+
+
 def test_empty_tensors_need_the_same_shape_and_dtype() -> None:
     empty = torch.zeros(0, 3)
     (d,) = compare_named({"t": (torch.zeros(0, 3), empty)}, FP64)

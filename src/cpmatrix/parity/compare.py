@@ -102,9 +102,9 @@ def _diff(name: str, actual: Any, expected: Any, tol: Tolerance) -> Diff:
         abs_diff = (a.to(torch.int64) - e.to(torch.int64)).abs().double()
         e = e.double()
     else:
-        # complex in complex128 (its imaginary part counts), everything else in float64
-        wide = torch.complex128 if a.is_complex() or e.is_complex() else torch.float64
-        a, e = a.to(wide), e.to(wide)
+        # float64, or complex128 when either side is complex (its imaginary part counts)
+        wide = torch.promote_types(torch.promote_types(a.dtype, e.dtype), torch.float64)
+        a, e = (t.to(wide) for t in (a, e))
         # assert_close's criterion where both are finite. Elsewhere only equality: equal
         # infs (same sign) match; NaN never does (a NaN on both sides is two broken
         # results, not a match), and an inf never fits inside `atol + rtol * |inf|`.
