@@ -8,8 +8,8 @@
 mutmut (3.x) reads ``[tool.mutmut]`` of ``pyproject.toml``: the modules (``only_mutate``)
 and the fast tests that must kill their mutants. It writes its ``mutants/`` folder next to
 that file, and reuses any mutated copy it finds there, so each run starts from a fresh copy
-of the project in a scratch folder (``--workdir``, default ``.nox/mutation-work``) and the
-checkout stays clean.
+of the project in a scratch folder (``--workdir``, default ``.nox/mutation-work``), whose
+``only_mutate`` lists the chosen modules, and the checkout stays clean.
 
 The score counts a mutant no test reaches ("no tests") as surviving:
 ``score = (killed + timeout) / mutants`` (a mutant that makes the tests hang is detected).
@@ -21,6 +21,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,8 +70,9 @@ def dotted(path: str) -> str:
     return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
 
 
-def prepare(workdir: Path) -> None:
-    """A fresh copy of what the tests need: mutmut must not find stale mutants."""
+def prepare(workdir: Path, modules: list[str]) -> None:
+    """A fresh copy of what the tests need (mutmut must not find stale mutants), its
+    ``only_mutate`` narrowed to ``modules``."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -81,13 +83,18 @@ def prepare(workdir: Path) -> None:
             shutil.copytree(src, workdir / name, ignore=ignore)
         else:
             shutil.copy2(src, workdir / name)
+    pyproject = workdir / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    listed = re.compile(r"^only_mutate = \[.*?^\]", re.MULTILINE | re.DOTALL)
+    assert len(listed.findall(text)) == 1, "[tool.mutmut] only_mutate must be one list"
+    pyproject.write_text(listed.sub(lambda _: f"only_mutate = {json.dumps(modules)}", text),
+                         encoding="utf-8")
 
 
-def run_mutmut(workdir: Path, modules: list[str], jobs: int) -> float:
-    """``mutmut run`` over ``modules`` in ``workdir``; returns the wall time in seconds."""
-    patterns = [f"{dotted(m)}.*" for m in modules]
+def run_mutmut(workdir: Path, jobs: int) -> float:
+    """``mutmut run`` in ``workdir``; returns the wall time in seconds."""
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *patterns]
+    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
     print("$", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, cwd=workdir, check=False)  # its progress goes to our stdout
     elapsed = time.monotonic() - start
@@ -151,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         if not modules:
             parser.error(f"--only {args.only} matches no module of [tool.mutmut] only_mutate")
     if not args.report_only:
-        prepare(args.workdir)
-        elapsed = run_mutmut(args.workdir, modules, args.jobs)
+        prepare(args.workdir, modules)
+        elapsed = run_mutmut(args.workdir, args.jobs)
         print(f"mutmut wall time: {elapsed:.0f} s with {args.jobs} jobs")
     rows, survivors = scores(args.workdir, modules)
     print(table(rows))
