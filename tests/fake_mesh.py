@@ -174,7 +174,9 @@ class FakeWorld:
                 for room in list(self._rooms.values()):
                     room.barrier.abort()  # the others must not wait for this rank
 
-        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(self.size)]
+        # daemons: a rank that hangs fails the test below and cannot keep pytest alive
+        threads = [threading.Thread(target=rank_main, args=(r,), daemon=True)
+                   for r in range(self.size)]
         for t in threads:
             t.start()
         for t in threads:

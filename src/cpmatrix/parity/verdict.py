@@ -110,6 +110,12 @@ def sharding_problems(named: Mapping[str, Any], mesh: MeshLike) -> CheckOutcome:
 
     Only local and global shapes are read, so this needs no collective: every rank judges
     its own shard, and ``check_parity`` merges the ranks' problems.
+
+    >>> from types import SimpleNamespace
+    >>> mesh = SimpleNamespace(shape=(1, 2), ndim=2, mesh_dim_names=("cp0", "cp1"),
+    ...                        size=lambda d: (1, 2)[d])
+    >>> sharding_problems({"x": torch.zeros(4)}, mesh).problems[0][:60]
+    'mesh (1, 2) has an axis > 1 but no input is sharded over it:'
     """
     out = CheckOutcome()
     if mesh_is_trivial(mesh):
@@ -199,7 +205,11 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Every tensor's bytes, concatenated in order: one buffer, one gather per axis."""
+    """Every tensor's bytes, concatenated in order: one buffer, one gather per axis.
+
+    >>> pack({"a": torch.zeros(2, dtype=torch.int16), "b": torch.ones(1)}).shape
+    torch.Size([8])
+    """
     if not tensors:
         return torch.empty(0, dtype=torch.uint8)
     return torch.cat([_as_bytes(t) for t in tensors.values()])
@@ -211,6 +221,10 @@ def meta_problems(group: ReplicaGroup, ranks: Sequence[int], metas: Sequence[Any
     ``metas[i]`` is :func:`replica_meta` of rank ``ranks[i]``. When they disagree the
     byte buffers differ in size, so no byte gather may follow (every rank sees the same
     metas and skips it alike).
+
+    >>> group = ReplicaGroup("cp0", 0, {"x": torch.zeros(2)})
+    >>> meta_problems(group, [0, 1], [replica_meta({"x": torch.zeros(2)})] * 2)
+    []
     """
     first, *others = metas
     if any(m != first for m in others):
