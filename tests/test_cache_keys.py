@@ -5,6 +5,7 @@ the stored entry. ``test_cache.py`` drives the cache through the real CLI."""
 from __future__ import annotations
 
 import doctest
+import inspect
 import re
 import time
 from datetime import UTC, datetime
@@ -159,25 +160,29 @@ def test_a_closure_is_walked_once_per_run(project: Path, monkeypatch: pytest.Mon
 # the action digest
 
 
+def _digest(keys: ActionKeys, case: str = "pkg.case:run", cell: str = "cell-1",
+            runner: str = "local", env: str = "1", **extra: Any) -> str:
+    # The runtime's key fields grow (a toolchain= keyword is on its way): the inputs under
+    # test here are passed by name, any further required keyword gets an empty mapping.
+    params = inspect.signature(keys.digest).parameters
+    extra.update({name: {} for name, p in params.items()
+                  if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+                  and name not in ("runner_identity", "env")})
+    fake: Any = SimpleNamespace(digest=cell, case=case)
+    return keys.digest(fake, runner_identity={"runner": runner}, env={"A": env}, **extra)
+
+
 def test_the_action_digest_changes_with_each_input(project: Path) -> None:
     keys = ActionKeys(search_path=(str(project),))
     assert re.fullmatch(r"[0-9a-f]{64}", keys.runtime_digest)
-    cell: Any = SimpleNamespace(digest="cell-1", case="pkg.case:run")
-    base = keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"})
-    assert base == keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"},
-                               mutant="")  # a plain run is the run of no mutant
-    variants = [
-        keys.digest(SimpleNamespace(digest="cell-2", case="pkg.case:run"),  # type: ignore[arg-type]
-                    runner_identity={"runner": "local"}, env={"A": "1"}),
-        keys.digest(SimpleNamespace(digest="cell-1", case="other:run"),  # type: ignore[arg-type]
-                    runner_identity={"runner": "local"}, env={"A": "1"}),
-        keys.digest(cell, runner_identity={"runner": "docker"}, env={"A": "1"}),
-        keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "2"}),
-        keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"}, mutant="m"),
-    ]
+    base = _digest(keys)
+    assert base == _digest(keys, mutant="")  # a plain run is the run of no mutant
+    variants = [_digest(keys, cell="cell-2"), _digest(keys, case="other:run"),
+                _digest(keys, runner="docker"), _digest(keys, env="2"),
+                _digest(keys, mutant="m")]
     assert len({base, *variants}) == 6
     keys.runtime_digest = "0" * 64  # another cpmatrix version
-    assert keys.digest(cell, runner_identity={"runner": "local"}, env={"A": "1"}) != base
+    assert _digest(keys) != base
 
 
 def test_the_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch,
