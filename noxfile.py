@@ -7,12 +7,13 @@
     nox -s tests lint spill mutants report gate
     nox -s "compat(triton='3.9.0')"         # the kernel path and spill gate on one Triton
 
-Every session but ``compat`` runs in the current environment (``venv_backend="none"``):
-cpmatrix and torch are installed once by ``.ci/install`` and never reinstalled per session.
-``compat`` is parametrized over the Triton versions pyproject's ``kernels`` extra admits
-(3.6.0, 3.7.1, 3.8.0, 3.9.0: the newest patch of each minor release on the index): each
-builds its own virtualenv with torch 2.13.0 and that Triton, then runs the kernel-path
-cells, the spill gate and the kernel tests there.
+Every session but ``compat`` and ``mutation`` runs in the current environment
+(``venv_backend="none"``): cpmatrix and torch are installed once by ``.ci/install`` and never
+reinstalled per session. ``compat`` is parametrized over the Triton versions pyproject's
+``kernels`` extra admits (3.6.0, 3.7.1, 3.8.0, 3.9.0: the newest patch of each minor release
+on the index): each builds its own virtualenv with torch 2.13.0 and that Triton, then runs
+the kernel-path cells, the spill gate and the kernel tests there. ``mutation`` builds its
+own virtualenv too (mutmut and its dependencies stay out of the working environment).
 """
 
 from __future__ import annotations
@@ -163,3 +164,15 @@ def compat(session: nox.Session, triton: str) -> None:
                 "tests/test_spill.py", "tests/suite/test_suite_kernels.py", "--deselect",
                 "tests/suite/test_suite_kernels.py::"
                 "test_layer_norm_backward_cells_pass_on_real_worlds")
+
+
+@nox.session(venv_backend="virtualenv", reuse_venv=True)
+def mutation(session: nox.Session) -> None:
+    """Mutation-test the verdict core with mutmut against its fast tests; score per module.
+
+    Extra args go to tools/mutation_score.py, e.g. ``-- --only parity --fail-under 90``.
+    """
+    # torch first and pinned: on the CPU-only machines 2.13.0 is the CPU wheel on disk
+    session.install("torch==2.13.0", "numpy")
+    session.install("-e", ".[dev]")
+    session.run("python", "tools/mutation_score.py", *session.posargs)

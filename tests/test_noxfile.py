@@ -27,7 +27,7 @@ def test_sessions_are_listed_with_descriptions() -> None:
     proc = nox("-l", CPMATRIX_MATRIX=str(RES / "runtime.yaml"))
     assert proc.returncode == 0, proc.stderr
     for name in ("parity-cpu", "parity-cuda", "spill", "mutants", "tests", "lint", "report",
-                 "gate"):
+                 "gate", "mutation"):
         line = next((ln for ln in proc.stdout.splitlines() if f" {name} -> " in ln), None)
         assert line is not None, (name, proc.stdout)
         assert len(line.split(" -> ", 1)[1]) > 10, line

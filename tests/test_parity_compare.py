@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.tensor import Shard
 
-from cpmatrix.parity import compare_named, format_diffs, tolerance_for
+from cpmatrix.parity import Diff, compare_named, format_diffs, tolerance_for
 from cpmatrix.parity.compare import flatten
+from fake_mesh import FakeDTensor
 
 FP64 = tolerance_for("fp64")
 
@@ -75,3 +77,144 @@ def test_flatten_names_nested_outputs() -> None:
     out = {"a": torch.zeros(1), "b": (torch.zeros(1), [torch.zeros(1)])}
     assert [n for n, _ in flatten(out)] == ["out.a", "out.b.0", "out.b.1.0"]
     assert [n for n, _ in flatten(torch.zeros(1))] == ["out"]
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "ok", "bad"),
+    [
+        # a serial inf never fits inside `atol + rtol * |inf|`, nor does a CP one
+        ([1.0, 5.0], [INF, 5.0], False, 1),
+        ([INF, 5.0], [1.0, 5.0], False, 1),
+        ([-INF, INF], [-INF, INF], True, 0),  # equal infs of the same sign are equal
+        ([NAN, INF], [NAN, -INF], False, 2),  # NaN is never equal, not even to NaN
+        ([1.0, 2.0], [1.0 + 5e-8, 2.0 - 2e-7], True, 0),  # within atol + rtol * |e|
+    ],
+)
+def test_non_finite_values(actual: list[float], expected: list[float], ok: bool,
+                           bad: int) -> None:
+    a, e = torch.tensor(actual, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    (d,) = compare_named({"t": (a, e)}, FP64)
+    assert (d.ok, d.bad, d.numel) == (ok, bad, 2)
+    if not ok:
+        assert d.max_abs == INF  # inf or NaN evidence is inf, not the largest float
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "want"),
+    [
+        (3, 3, Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        (3, 4, Diff("leaf", False, INF, 0.0, 1, 1, "3 != 4")),
+        (0.5, 0.5, Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        # leaves are exact
+        (0.5, 0.5 + 1e-12, Diff("leaf", False, INF, 0.0, 1, 1, "0.5 != 0.500000000001")),
+        (NAN, NAN, Diff("leaf", False, INF, 0.0, 1, 1, "nan != nan")),
+        ("mean", "mean", Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        ("mean", "sum", Diff("leaf", False, INF, 0.0, 1, 1, "'mean' != 'sum'")),
+        # e.g. an optional output absent on both sides
+        (None, None, Diff("leaf", True, 0.0, 0.0, 0, 1)),
+        (None, 3, Diff("leaf", False, INF, INF, 0, 0, "missing on the CP side")),
+        (3, None, Diff("leaf", False, INF, INF, 0, 0, "missing on the serial side")),
+        # a tensor against a non-tensor is never compared elementwise
+        (torch.ones(3), 1.0, Diff("leaf", False, INF, INF, 1, 1, "Tensor != serial float")),
+        (1, torch.ones(()), Diff("leaf", False, INF, INF, 1, 1, "int != serial Tensor")),
+    ],
+)
+def test_non_tensor_leaves_are_compared_by_equality_and_reported(
+    actual: object, expected: object, want: Diff,
+) -> None:
+    (d,) = compare_named({"leaf": (actual, expected)}, FP64)
+    assert d == want
+
+
+def test_a_leaf_without_a_truth_value_is_a_mismatch() -> None:
+    class Ambiguous:
+        def __eq__(self, other: object) -> bool:
+            raise ValueError("no single truth value")
+
+    (d,) = compare_named({"leaf": (Ambiguous(), Ambiguous())}, FP64)
+    assert (d.ok, d.bad) == (False, 1) and " != " in d.note
+
+
+def test_integer_and_bool_tensors_are_compared_exactly() -> None:
+    big = torch.tensor([2**53 + 1, 7])  # no float64 holds 2**53 + 1
+    (d,) = compare_named({"i": (big, torch.tensor([2**53, 7]))}, FP64)
+    assert (d.ok, d.bad, d.max_abs) == (False, 1, 1.0)
+    flipped = torch.tensor([True, False, True])
+    (d,) = compare_named({"b": (~flipped, flipped)}, FP64)
+    assert (d.ok, d.bad, d.numel, d.max_abs) == (False, 3, 3, 1.0)
+    (d,) = compare_named({"i": (torch.tensor([1, 2]), torch.tensor([1, 2]))}, FP64)
+    assert d.ok and d.max_abs == 0.0
+
+
+def test_complex_tensors_compare_the_modulus_of_the_difference() -> None:
+    e = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex128)
+    (d,) = compare_named({"z": (e + 1e-3j, e)}, FP64)  # only the imaginary part moved
+    assert (d.ok, d.bad) == (False, 2)
+    assert d.max_abs == pytest.approx(1e-3)
+    (d,) = compare_named({"z": (e + 1e-9j, e)}, FP64)
+    assert d.ok and d.max_abs == pytest.approx(1e-9)
+
+
+def test_the_allowance_is_inclusive_as_in_assert_close() -> None:
+    # |a - e| == atol + rtol * |e| exactly (e = 0: the allowance is atol)
+    (d,) = compare_named({"t": (torch.tensor([1e-7], dtype=torch.float64),
+                                torch.tensor([0.0], dtype=torch.float64))}, FP64)
+    assert d.ok and d.max_abs == 1e-7
+
+
+def test_low_precision_and_mixed_dtypes_are_measured_in_float64_or_complex128() -> None:
+    # float16 would overflow: 60000 - (-60000) is inf in float16, 120000 in float64
+    half = torch.tensor([60000.0], dtype=torch.float16)
+    (d,) = compare_named({"t": (half, -half)}, FP64)
+    assert (d.ok, d.max_abs) == (False, 120000.0)
+    # a float against an int: a dtype mismatch, measured as floats (0.5, not 0)
+    (d,) = compare_named({"t": (torch.tensor([0.5]), torch.tensor([0]))}, FP64)
+    assert (d.ok, d.max_abs, d.note) == (False, 0.5, "dtype torch.float32 != serial torch.int64")
+    # complex against real: the imaginary part still counts
+    (d,) = compare_named({"t": (torch.tensor([1 + 2j]), torch.tensor([1.0]))}, FP64)
+    assert (d.ok, d.max_abs) == (False, 2.0)
+
+
+def test_empty_tensors_need_the_same_shape_and_dtype() -> None:
+    empty = torch.zeros(0, 3)
+    (d,) = compare_named({"t": (torch.zeros(0, 3), empty)}, FP64)
+    assert d == Diff("t", True, 0.0, 0.0, 0, 0)
+    (d,) = compare_named({"t": (torch.zeros(3, 0), empty)}, FP64)
+    assert d == Diff("t", False, INF, INF, 0, 0, "shape (3, 0) != serial (0, 3)")
+    (d,) = compare_named({"t": (torch.zeros(0, 3, dtype=torch.float64), empty)}, FP64)
+    assert d == Diff("t", False, 0.0, 0.0, 0, 0, "dtype torch.float64 != serial torch.float32")
+
+
+def test_relative_difference_ignores_zero_expected_values() -> None:
+    (d,) = compare_named({"t": (torch.tensor([0.5, 4.0]), torch.tensor([0.0, 2.0]))}, FP64)
+    assert (d.max_abs, d.max_rel) == (2.0, 1.0)
+    (d,) = compare_named({"t": (torch.tensor([0.5]), torch.tensor([0.0]))}, FP64)
+    assert (d.max_abs, d.max_rel) == (0.5, 0.0)
+
+
+def test_dtensors_are_compared_through_their_full_value() -> None:
+    full = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    cp = FakeDTensor(torch.tensor([1.0, 2.0]), (Shard(0),), full=full)
+    (d,) = compare_named({"y": (cp, full.clone())}, FP64)  # the local shard alone: shape 2
+    assert d.ok and d.numel == 4
+
+
+def test_a_diff_line_carries_its_note() -> None:
+    (d,) = compare_named({"t": (torch.zeros(2), torch.zeros(3))}, FP64)
+    assert d == Diff("t", False, INF, INF, 3, 3, "shape (2,) != serial (3,)")
+    assert d.line() == "t: max abs inf, max rel inf, 3/3 outside (shape (2,) != serial (3,))"
+    (d,) = compare_named({"u": (torch.ones(2), torch.zeros(2))}, FP64)
+    assert d.line() == "u: max abs 1, max rel 0, 2/2 outside"
+
+
+def test_format_diffs_lists_only_the_mismatches_one_per_line() -> None:
+    diffs = compare_named({"a": (torch.ones(1), torch.ones(1)), "b": (torch.ones(1), 2.0),
+                           "c": (torch.zeros(1), torch.ones(1))}, FP64)
+    assert format_diffs("output", diffs, FP64) == (
+        "output: 2 of 3 tensors differ from serial (rtol=1e-07, atol=1e-07 (table "
+        "fp64/off/reference))\n"
+        "  b: max abs inf, max rel inf, 1/1 outside (Tensor != serial float)\n"
+        "  c: max abs 1, max rel 1, 1/1 outside")

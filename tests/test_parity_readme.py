@@ -36,7 +36,7 @@ def test_every_public_name_is_documented() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["errors", "tolerance", "compare", "checks", "features", "layout", "data", "dtypes",
+    ["errors", "tolerance", "compare", "checks", "verdict", "features", "layout", "data", "dtypes",
      "mutants", "_common"],
 )
 def test_docstring_examples_run(module: str) -> None:

@@ -95,3 +95,85 @@ def test_tightening_needs_no_reason() -> None:
 def test_nonsense_numbers_are_refused(bad: float) -> None:
     with pytest.raises(ToleranceError, match="finite number >= 0"):
         tolerance_for("fp64").loosen(atol=bad, reason="a perfectly good reason here")
+
+
+def test_every_row_says_where_it_came_from() -> None:
+    for (dtype, autocast, path), tol in TOLERANCE_TABLE.items():
+        assert tol.source == f"table {dtype}/{'on' if autocast else 'off'}/{path}"
+        assert tol.describe() == f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g} ({tol.source})"
+
+
+def test_loosening_keeps_the_rows_why_and_only_the_numbers_given() -> None:
+    base = tolerance_for("fp32", path="kernel")
+    reason = "a tiled reduction adds one rounding per tile"
+    only_rtol = base.loosen(rtol=0.01, reason=reason)
+    assert (only_rtol.rtol, only_rtol.atol) == (0.01, base.atol)
+    only_atol = base.loosen(atol=0.05, reason=reason)
+    assert (only_atol.rtol, only_atol.atol) == (base.rtol, 0.05)
+    both = base.loosen(rtol=1, atol=2, reason=f"  {reason}  ")
+    assert (both.rtol, both.atol) == (1.0, 2.0) and isinstance(both.rtol, float)
+    assert both.why == base.why and both.reason == reason  # stripped
+    assert both.source == "loosened from table fp32/off/kernel"
+
+
+def test_a_refused_loosening_names_what_was_loosened() -> None:
+    with pytest.raises(ToleranceError) as info:
+        tolerance_for("bf16").loosen(atol=1.0, reason="flaky")
+    assert str(info.value).startswith(
+        "loosening rtol=0.016, atol=0.016 (table bf16/off/reference) needs a written reason")
+    assert "got 'flaky'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("reason", "ok"),
+    [
+        ("abc def ghij", True),     # 12 characters, 3 words: the least accepted
+        ("abc def ghi", False),     # 11 characters
+        ("abcdefghijk lmnop", False),  # 2 words
+        ("  abc def ghij  ", True),  # surrounding blanks do not count, nor hurt
+        (None, False),
+        (42, False),
+    ],
+)
+def test_the_shortest_reason_is_three_words_and_twelve_characters(reason: object, ok: bool) -> None:
+    loose = Tolerance(rtol=1e-3, atol=1e-3, reason=reason)  # type: ignore[arg-type]
+    if ok:
+        assert resolve_tolerance(loose, dtype="fp64") is loose
+    else:
+        with pytest.raises(ToleranceError):
+            resolve_tolerance(loose, dtype="fp64")
+        with pytest.raises(ToleranceError):
+            tolerance_for("fp64").loosen(atol=1e-3, reason=reason)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rtol", "atol", "looser"),
+    [(1e-7, 1e-7, False), (1e-8, 1e-7, False), (1e-7, 1e-8, False), (2e-7, 1e-8, True),
+     (1e-8, 2e-7, True)],
+)
+def test_looser_means_a_larger_rtol_or_a_larger_atol(rtol: float, atol: float,
+                                                     looser: bool) -> None:
+    assert Tolerance(rtol=rtol, atol=atol).is_looser_than(tolerance_for("fp64")) is looser
+    # the table's own numbers, rebuilt without a reason, are not looser: accepted
+    if not looser:
+        resolve_tolerance(Tolerance(rtol=rtol, atol=atol), dtype="fp64")
+
+
+def test_resolve_uses_the_cells_autocast_and_path_row() -> None:
+    autocast_row = Tolerance(rtol=1.6e-2, atol=1.6e-2)
+    assert resolve_tolerance(autocast_row, dtype="fp32", autocast=True) is autocast_row
+    assert resolve_tolerance(autocast_row, dtype="fp32", autocast="on") is autocast_row
+    with pytest.raises(ToleranceError, match="table fp32/off/reference row"):
+        resolve_tolerance(autocast_row, dtype="fp32", autocast=False)
+    kernel_row = Tolerance(rtol=2e-3, atol=2e-3)
+    assert resolve_tolerance(kernel_row, dtype="fp32", path="kernel") is kernel_row
+    with pytest.raises(ToleranceError, match="table fp32/off/reference row"):
+        resolve_tolerance(kernel_row, dtype="fp32")
+    assert resolve_tolerance(None, dtype="bf16", autocast="on", path="kernel") is (
+        TOLERANCE_TABLE[("bf16", True, "kernel")])
+
+
+def test_autocast_must_be_a_bool_or_on_off() -> None:
+    with pytest.raises(ValueError) as info:
+        tolerance_for("fp32", autocast="yes")
+    assert str(info.value) == "autocast must be a bool or 'on'/'off', got 'yes'"

@@ -174,6 +174,25 @@ def test_tiled_rng_fails_the_entropy_property(runs: dict[str, Run]) -> None:
     assert info.value.check == "rng_entropy"
 
 
+def test_a_broadcast_bug_in_a_third_tensor_is_caught_by_the_real_collectives(
+    runs: dict[str, Run],
+) -> None:
+    # Planted bug: the third of three replicated tensors keeps its last element unbroadcast.
+    # The gather runs over gloo here; which bytes belong to which tensor is unit-tested
+    # (test_parity_verdict.py), this shows the collective path delivers them.
+    axes = {"1x2": ["cp1"], "2x2": ["cp0", "cp1"]}
+    for mesh in MESHES:
+        good = runs["mutants"].cell(f"broadcast_trio[unit,{mesh}")
+        assert good["status"] == "passed", good["failures"]
+        assert good["evidence"]["replicated.trio"] == "; ".join(
+            f"3 tensors bitwise identical over {axis}" for axis in axes[mesh])
+        bad = runs["mutants"].cell(f"broadcast_trio[unit,{mesh}", "third_unsynced")
+        assert bad["evidence"]["killed_by"] == "replicated_identical", bad["failures"]
+        message = bad["failures"][0]["message"]
+        assert "state: differs over cp1" in message, message
+        assert "scale:" not in message and "counts:" not in message
+
+
 def test_loosened_tolerance_without_reason_is_refused(runs: dict[str, Run]) -> None:
     r = runs["single"].cell("tolerance_refused[")
     assert r["status"] == "failed" and r["failures"][0]["check"] == "tolerance"
@@ -231,9 +250,9 @@ def test_autocast_cells_use_their_table_row(runs: dict[str, Run]) -> None:
 def test_every_mutant_is_killed_and_reported(runs: dict[str, Run]) -> None:
     run = runs["mutants"]
     mutated = [r for r in run.results if r["mutant"]]
-    assert len(mutated) == 20
+    assert len(mutated) == 22
     assert all(r["evidence"]["mutant_outcome"] == "killed" for r in mutated)
-    assert "mutants: 20/20 killed" in run.stdout
+    assert "mutants: 22/22 killed" in run.stdout
 
 
 def test_readme_example_passes_and_kills_its_mutant(runs: dict[str, Run]) -> None:

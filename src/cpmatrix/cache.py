@@ -51,7 +51,19 @@ def default_cache_dir() -> Path:
 
 
 def _imports(source: bytes, module: str, is_package: bool) -> list[str]:
-    """Absolute names of the modules ``source`` imports (relative imports resolved)."""
+    r"""Absolute names of the modules ``source`` imports (relative imports resolved).
+
+    ``from pkg import name`` also yields ``pkg.name``: it may be a submodule. Names that
+    are not project-local modules are dropped later, when they cannot be located.
+
+    >>> src = b"import os\nfrom .helper import f\nfrom .. import sibling"
+    >>> _imports(src, "pkg.sub.mod", is_package=False)
+    ['os', 'pkg.sub.helper', 'pkg.sub.helper.f', 'pkg', 'pkg.sibling']
+    >>> _imports(b"from . import helper", "pkg", is_package=True)   # pkg/__init__.py
+    ['pkg', 'pkg.helper']
+    >>> _imports(b"from ... import x", "pkg.mod", is_package=False)  # above the top: none
+    []
+    """
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -62,18 +74,26 @@ def _imports(source: bytes, module: str, is_package: bool) -> list[str]:
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".") if package else []
-                base_parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
-                base = ".".join(base_parts)
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
+            mod = (_resolve_relative(package, node.level, node.module) if node.level
+                   else node.module)
             if mod:
                 names.append(mod)
-                # `from pkg import sub` may name a submodule.
                 names.extend(f"{mod}.{alias.name}" for alias in node.names if alias.name != "*")
     return names
+
+
+def _resolve_relative(package: str, level: int, name: str | None) -> str | None:
+    """What ``from <level dots><name> import ...`` in ``package`` names, as importlib does;
+    None when the dots climb above the top-level package (an ImportError in Python).
+
+    >>> _resolve_relative("pkg.sub", 1, "helper"), _resolve_relative("pkg.sub", 2, None)
+    ('pkg.sub.helper', 'pkg')
+    """
+    parts = package.split(".") if package else []
+    if level > len(parts):
+        return None
+    base = parts[: len(parts) - level + 1]
+    return ".".join([*base, name] if name else base)
 
 
 class ActionKeys:
@@ -122,10 +142,8 @@ class ActionKeys:
             parts = name.split(".")
             stack.extend(".".join(parts[:i]) for i in range(1, len(parts)))
             stack.extend(_imports(source, name, path.endswith("__init__.py")))
-        h = hashlib.sha256()
-        for name in sorted(seen):
-            h.update(name.encode() + b"\0" + hashlib.sha256(seen[name]).digest())
-        digest = h.hexdigest()
+        sources = {name: hashlib.sha256(source).hexdigest() for name, source in seen.items()}
+        digest = hashlib.sha256(canonical_json(sources).encode()).hexdigest()
         self._closure[module] = digest
         return digest
 

@@ -1,4 +1,6 @@
-"""The anti-vacuous checks: each one closes a way a parity test can pass on a broken CP path.
+"""The anti-vacuous checks on a live mesh: each one closes a way a parity test can pass on a
+broken CP path. What to compare and what it means is decided in :mod:`.verdict` (pure,
+tested with fake meshes); this module runs the collectives that gather it.
 
 - :func:`sharding_problems` - on a mesh with an axis > 1 something must really be sharded
   (``local.shape[d] < global.shape[d]``), else CP code runs as serial code and proves nothing.
@@ -22,13 +24,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from cpmatrix.parity.compare import to_full
 from cpmatrix.parity.errors import ReplicationError, VacuousError
+from cpmatrix.parity.verdict import (
+    CheckOutcome,
+    grad_verdict,
+    is_dtensor,
+    mesh_is_trivial,
+    meta_problems,
+    pack,
+    replica_groups,
+    replica_meta,
+    replica_problems,
+    sharding_problems,
+)
 
 __all__ = [
     "CheckOutcome",
@@ -43,79 +57,6 @@ __all__ = [
     "replicated_problems",
     "sharding_problems",
 ]
-
-
-@dataclass(slots=True)
-class CheckOutcome:
-    """Problems found (empty: passed) and evidence lines for the log either way."""
-
-    problems: list[str] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    skipped: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def is_dtensor(value: Any) -> bool:
-    """True for a ``torch.distributed.tensor.DTensor`` (checked without importing it eagerly)."""
-    return (
-        isinstance(value, torch.Tensor)
-        and hasattr(value, "placements")
-        and hasattr(value, "to_local")
-    )
-
-
-def mesh_is_trivial(mesh: Any) -> bool:
-    """A 1x1 mesh: every collective is a no-op and local == global, by design."""
-    return all(int(s) == 1 for s in mesh.shape)
-
-
-def _dim_names(mesh: Any) -> tuple[str, ...]:
-    names = getattr(mesh, "mesh_dim_names", None)
-    return tuple(names) if names else tuple(f"dim{i}" for i in range(mesh.ndim))
-
-
-# --------------------------------------------------------------------------------------
-# sharding active
-
-
-def sharding_problems(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
-    """Every ``Shard(d)`` over a mesh axis of size > 1 must give ``local[d] < global[d]``,
-    and at least one tensor must be sharded over such an axis. Skipped on a 1x1 mesh."""
-    out = CheckOutcome()
-    if mesh_is_trivial(mesh):
-        out.skipped = "1x1 mesh: local == global by design"
-        return out
-    names = _dim_names(mesh)
-    active = 0
-    for name, value in named.items():
-        if not is_dtensor(value):
-            continue
-        local_shape = tuple(value.to_local().shape)
-        global_shape = tuple(value.shape)
-        for mesh_dim, placement in enumerate(value.placements):
-            dim = getattr(placement, "dim", None)
-            if not placement.is_shard() or dim is None or mesh.size(mesh_dim) == 1:
-                continue
-            if local_shape[dim] < global_shape[dim]:
-                active += 1
-                out.lines.append(
-                    f"{name}: local {local_shape} < global {global_shape} "
-                    f"on dim {dim} over {names[mesh_dim]}"
-                )
-            else:
-                out.problems.append(
-                    f"{name}: Shard({dim}) over {names[mesh_dim]} (size {mesh.size(mesh_dim)}) "
-                    f"but local shape {local_shape} == global {global_shape} on dim {dim}"
-                )
-    if active == 0 and not out.problems:
-        out.problems.append(
-            f"mesh {tuple(mesh.shape)} has an axis > 1 but no input is sharded over it: "
-            f"declare Shard placements over {names} (the CP path would run as serial code)"
-        )
-    return out
 
 
 def assert_sharding_active(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
@@ -136,28 +77,12 @@ def assert_sharding_active(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
 # replicated identical
 
 
-def _groups_for(value: Any, mesh: Any) -> list[tuple[str, Any]]:
-    """(label, process group) pairs over which ``value``'s local data must be identical.
-
-    Only the mesh's own groups are used, never the world group: the runtime destroys a
-    cell's groups after it, so a collective left half-done by one cell cannot be matched
-    by the next. A plain tensor is checked over every mesh axis, which is the whole mesh:
-    equal along every row and every column means equal everywhere.
-    """
-    names = _dim_names(mesh)
-    groups = []
-    for mesh_dim in range(mesh.ndim):
-        if mesh.size(mesh_dim) == 1:
-            continue
-        if not is_dtensor(value) or value.placements[mesh_dim].is_replicate():
-            groups.append((names[mesh_dim], mesh.get_group(mesh_dim)))
-    return groups
-
-
 def gather_object_over_mesh(obj: Any, mesh: Any) -> list[Any]:
     """``obj`` from every rank of ``mesh`` (row-major mesh order), using only mesh groups.
 
-    Gathers along the last mesh dim, then gathers those lists along the others.
+    Gathers along the last mesh dim, then gathers those lists along the others. Only the
+    mesh's own groups are used, never the world group: the runtime destroys a cell's groups
+    after it, so a collective left half-done by one cell cannot be matched by the next.
     """
     gathered: list[Any] = [obj]
     for mesh_dim in reversed(range(mesh.ndim)):
@@ -170,69 +95,33 @@ def gather_object_over_mesh(obj: Any, mesh: Any) -> list[Any]:
     return gathered
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
 def replicated_problems(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
     """Gather every named value over the ranks that must hold the same data; compare exactly.
 
     A plain tensor must be identical on the whole world; a DTensor's local data on every
-    mesh axis where it is ``Replicate``. Bitwise: a replica "close enough" already drifted.
-    All ranks gather the same data and so reach the same verdict (no rank raises alone).
+    mesh axis where it is ``Replicate`` (:func:`.verdict.replica_groups`). Bitwise: a
+    replica "close enough" already drifted. All ranks gather the same data and so reach
+    the same verdict (no rank raises alone).
     """
     out = CheckOutcome()
-    by_group: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
-    for name, value in named.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        local: torch.Tensor = value.to_local() if is_dtensor(value) else value  # type: ignore[attr-defined]
-        for label, group in _groups_for(value, mesh):
-            by_group.setdefault(label, (group, {}))[1][name] = local
-    for label in sorted(by_group):  # same order on every rank: collectives must line up
-        group, tensors = by_group[label]
-        out.problems.extend(_compare_over(label, group, tensors))
+    groups = replica_groups(named, mesh)
+    for group in groups:  # sorted by axis name on every rank: the collectives line up
+        handle = mesh.get_group(group.mesh_dim)
+        ranks = dist.get_process_group_ranks(handle)
+        metas: list[Any] = [None] * len(ranks)
+        dist.all_gather_object(metas, replica_meta(group.tensors), group=handle)
+        problems = meta_problems(group, ranks, metas)
+        if not problems:  # equal metas: every rank's buffer has this rank's size
+            flat = pack(group.tensors)
+            gathered = [torch.empty_like(flat) for _ in ranks]
+            dist.all_gather(gathered, flat, group=handle)
+            problems = replica_problems(group, ranks, gathered)
+        out.problems.extend(problems)
         if not out.problems:
-            out.lines.append(f"{len(tensors)} tensors bitwise identical over {label}")
-    if not by_group:
+            out.lines.append(f"{len(group.tensors)} tensors bitwise identical over {group.label}")
+    if not groups:
         out.skipped = "no replicated value spans more than one rank"
     return out
-
-
-def _compare_over(label: str, group: Any, tensors: dict[str, torch.Tensor]) -> list[str]:
-    size = dist.get_world_size(group)
-    meta = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors.items()]
-    metas: list[Any] = [None] * size
-    dist.all_gather_object(metas, meta, group=group)
-    ranks = dist.get_process_group_ranks(group)
-    if any(m != metas[0] for m in metas):
-        return [f"over {label} (ranks {ranks}): names/shapes/dtypes differ: {metas}"]
-    flat = torch.cat([_as_bytes(t) for t in tensors.values()]) if tensors else torch.empty(0)
-    gathered = [torch.empty_like(flat) for _ in range(size)]
-    dist.all_gather(gathered, flat, group=group)
-    problems = []
-    offset = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        ref = gathered[0][offset : offset + nbytes]
-        differing = [
-            ranks[i]
-            for i in range(1, size)
-            if not torch.equal(gathered[i][offset : offset + nbytes], ref)
-        ]
-        if differing:
-            worst = 0.0
-            if t.is_floating_point():
-                base = ref.view(t.dtype).double()
-                for i in range(1, size):
-                    other = gathered[i][offset : offset + nbytes].view(t.dtype).double()
-                    worst = max(worst, float((other - base).abs().nan_to_num(float("inf")).max()))
-            problems.append(
-                f"{name}: differs over {label} between rank {ranks[0]} and ranks "
-                f"{differing} (max abs {worst:.3g}; a missing all-reduce/broadcast?)"
-            )
-        offset += nbytes
-    return problems
 
 
 def assert_replicated_identical(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
@@ -256,28 +145,14 @@ def assert_replicated_identical(named: Mapping[str, Any], mesh: Any) -> CheckOut
 def grad_problems(
     named: Mapping[str, Any], *, allow_zero: Mapping[str, str] | None = None
 ) -> CheckOutcome:
-    """Each grad present, finite and not all zero (``allow_zero[name] = reason`` exempts one)."""
-    out = CheckOutcome()
-    allow_zero = allow_zero or {}
-    for name, grad in named.items():
-        if grad is None:
-            out.problems.append(f"{name}: no gradient (not connected to the output?)")
-            continue
-        # The global value: a shard may legitimately be all zero (a pad-only shard). Every
-        # rank reassembles every DTensor grad in the same order, so the collectives line up.
-        full = grad.full_tensor() if is_dtensor(grad) else grad
-        nonfinite = int((~torch.isfinite(full)).sum()) if full.is_floating_point() else 0
-        if nonfinite:
-            out.problems.append(f"{name}: {nonfinite} non-finite elements")
-            continue
-        peak = float(full.abs().max()) if full.numel() else 0.0
-        if peak > 0.0:
-            out.lines.append(f"{name}: max abs {peak:.3g}")
-        elif name in allow_zero:
-            out.lines.append(f"{name}: all zero, allowed: {allow_zero[name]}")
-        else:
-            out.problems.append(f"{name}: all zero (vacuous: 0 == 0 passes)")
-    return out
+    """Each grad present, finite and not all zero (``allow_zero[name] = reason`` exempts one).
+
+    A DTensor grad is judged by its global value (a shard may legitimately be all zero: a
+    pad-only shard). Every rank reassembles every DTensor grad in the same order, so the
+    collectives of ``full_tensor()`` line up.
+    """
+    full = {name: to_full(grad) for name, grad in named.items()}  # None stays None
+    return grad_verdict(full, allow_zero=allow_zero)
 
 
 def assert_grads_nonzero_finite(
@@ -322,9 +197,8 @@ def perturb_degenerate_(module: torch.nn.Module, generator: torch.Generator) -> 
             if p.numel() == 0 or is_dtensor(p):
                 continue
             flat = p.detach().reshape(-1)
-            degenerate = (
-                bool((flat == 0).all()) if p.numel() == 1 else bool((flat == flat[0]).all())
-            )
+            # one element is trivially "all equal": only zero makes it vacuous
+            degenerate = bool(flat[0] == 0) if p.numel() == 1 else bool((flat[1:] == flat[0]).all())
             if not degenerate:
                 continue
             fan_in = p.shape[1:].numel() if p.ndim >= 2 else 0

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,46 +81,75 @@ class Diff:
 
 def _diff(name: str, actual: Any, expected: Any, tol: Tolerance) -> Diff:
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
-        if actual is None or expected is None:
-            missing = "CP" if actual is None else "serial"
-            return Diff(
-                name, False, float("inf"), float("inf"), 0, 0, f"missing on the {missing} side"
-            )
-        same = bool(actual == expected)
-        note = "" if same else f"{actual!r} != {expected!r}"
-        return Diff(name, same, 0.0 if same else float("inf"), 0.0, int(not same), 1, note)
+        return _leaf_diff(name, actual, expected)
     if actual.shape != expected.shape:
         note = f"shape {tuple(actual.shape)} != serial {tuple(expected.shape)}"
         return Diff(
-            name, False, float("inf"), float("inf"), expected.numel(), expected.numel(), note
+            name, False, math.inf, math.inf, expected.numel(), expected.numel(), note
         )
     numel = expected.numel()
     note = (
         "" if actual.dtype == expected.dtype else f"dtype {actual.dtype} != serial {expected.dtype}"
     )
-    if numel == 0:
+    if numel == 0:  # nothing to differ, but the shape (above) and dtype must still agree
         return Diff(name, not note, 0.0, 0.0, 0, 0, note)
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
-    if not expected.is_floating_point() and not expected.is_complex():
-        # integers and bools: exact, as assert_close does for them
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if _exact(a) and _exact(e):
+        # integers and bools: exact, in their own dtype (int64 beyond 2**53 has no float64
+        # twin), as assert_close does for them
         bad_mask = a != e
-        abs_diff = (a - e).abs()
+        # the evidence (max abs/rel) in float64, from the exact int64 difference
+        abs_diff = (a.to(torch.int64) - e.to(torch.int64)).abs().double()
+        e = e.double()
     else:
-        abs_diff = (a - e).abs()
-        # +/-inf must match exactly (inf - inf is nan); NaN is never equal, as in
-        # assert_close's default (a NaN on both sides is two broken results, not a match).
-        same_inf = torch.isinf(e) & (a == e)
-        abs_diff = torch.where(same_inf, torch.zeros_like(abs_diff), abs_diff)
-        allowed = tol.atol + tol.rtol * e.abs()
-        inf_mismatch = (torch.isinf(a) | torch.isinf(e)) & (a != e)
-        bad_mask = (~(abs_diff <= allowed) & ~same_inf) | inf_mismatch
+        # float64, or complex128 when either side is complex (its imaginary part counts)
+        wide = torch.promote_types(torch.promote_types(a.dtype, e.dtype), torch.float64)
+        a, e = (t.to(wide) for t in (a, e))
+        # assert_close's criterion where both are finite. Elsewhere only equality: equal
+        # infs (same sign) match; NaN never does (a NaN on both sides is two broken
+        # results, not a match), and an inf never fits inside `atol + rtol * |inf|`.
+        equal = a == e
+        finite = torch.isfinite(a) & torch.isfinite(e)
+        abs_diff = torch.where(equal, 0.0, (a - e).abs())
+        bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
     nonzero = e != 0
     rel = abs_diff[nonzero] / e.abs()[nonzero]
-    max_abs = float(torch.nan_to_num(abs_diff, nan=float("inf")).max())
-    max_rel = float(torch.nan_to_num(rel, nan=float("inf")).max()) if rel.numel() else 0.0
+    max_abs = _worst(abs_diff)
+    max_rel = _worst(rel) if rel.numel() else 0.0
     bad = int(bad_mask.sum())
     return Diff(name, bad == 0 and not note, max_abs, max_rel, bad, numel, note)
+
+
+def _worst(values: torch.Tensor) -> float:
+    """The largest value, NaN counted as inf (nan_to_num alone would turn inf into 1.8e308)."""
+    return float(torch.nan_to_num(values, nan=math.inf, posinf=math.inf).max())
+
+
+def _exact(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex())
+
+
+def _leaf_diff(name: str, actual: Any, expected: Any) -> Diff:
+    """A leaf that is not a tensor on both sides: equal values or a mismatch that says why.
+
+    ``None`` on one side is a missing value; a tensor against a non-tensor is a type
+    mismatch; anything else (ints, floats, strings, ``None`` on both sides) is compared
+    with ``==``, exactly (a float NaN is never equal, as in a tensor).
+    """
+    if (actual is None) != (expected is None):
+        missing = "CP" if actual is None else "serial"
+        return Diff(
+            name, False, math.inf, math.inf, 0, 0, f"missing on the {missing} side"
+        )
+    if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
+        note = f"{type(actual).__name__} != serial {type(expected).__name__}"
+        return Diff(name, False, math.inf, math.inf, 1, 1, note)
+    try:
+        same = bool(actual == expected)
+    except (TypeError, ValueError, RuntimeError):  # e.g. arrays: no single truth value
+        same = False
+    note = "" if same else f"{actual!r} != {expected!r}"
+    return Diff(name, same, 0.0 if same else math.inf, 0.0, int(not same), 1, note)
 
 
 def compare_named(pairs: Mapping[str, tuple[Any, Any]], tol: Tolerance) -> list[Diff]:

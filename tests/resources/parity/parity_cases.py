@@ -22,6 +22,7 @@ from cpmatrix.parity import (
     TensorSpec,
     Tolerance,
     assert_entropy,
+    assert_replicated_identical,
     check_parity,
     compare_named,
     distribute,
@@ -414,6 +415,31 @@ def rng_noise(cell: Any) -> None:
                           min_numel=64)
     cell.record("rng.token_noise", "; ".join(token.lines))
     cell.record("rng.pair_noise", "; ".join(pair.lines))
+
+
+# ----------------------------------------------------------------------------------------
+# replicated values
+
+
+@mutants(third_unsynced="the last of three replicated tensors keeps one element unbroadcast")
+def broadcast_trio(cell: Any) -> None:
+    """Three values of different sizes and dtypes, broadcast over every mesh axis from the
+    group's first rank. The planted bug keeps the third tensor's LAST element as each rank
+    computed it: comparing the wrong bytes for a third tensor would miss exactly that."""
+    mesh, rank = cell.mesh, dist.get_rank()
+    values = {
+        "scale": torch.full((3,), float(rank)),  # 12 bytes
+        "counts": torch.arange(5, dtype=torch.int64) + rank,  # 40 bytes
+        "state": torch.linspace(0, 1, 16, dtype=torch.float64) + rank,  # 128 bytes
+    }
+    for name, value in values.items():
+        own_last = value[-1].clone()
+        for group in _groups(mesh, list(range(mesh.ndim))):
+            dist.broadcast(value, src=dist.get_process_group_ranks(group)[0], group=group)
+        if name == "state" and mutant_on(cell, "third_unsynced"):
+            value[-1] = own_last
+    out = assert_replicated_identical(values, mesh)
+    cell.record("replicated.trio", "; ".join(out.lines) or out.skipped)
 
 
 # ----------------------------------------------------------------------------------------
