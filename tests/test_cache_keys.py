@@ -234,3 +234,51 @@ def test_mutant_runs_and_failures_are_never_stored(tmp_path: Path) -> None:
     store.put("ef" * 32, Result(cell_id="c", status=Status.FAILED, mutant="m"))
     assert store.get("ef" * 32, "c") is None
     assert not (tmp_path / "results").exists()
+
+
+def test_the_runtime_digest_covers_the_worker_side_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editing the worker (or any module that runs inside the worlds) invalidates every
+    cached pass, wherever cpmatrix is installed: it is read from the package itself."""
+    import shutil
+
+    import cpmatrix.cache as cache_mod
+
+    pkg = tmp_path / "cpmatrix"
+    shutil.copytree(Path(cache_mod.__file__).parent, pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache_mod, "_PACKAGE_DIR", pkg)
+    before = ActionKeys(search_path=()).runtime_digest
+    for name in cache_mod._RUNTIME_MODULES:
+        path = pkg / f"{name.rpartition('.')[2]}.py"
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# edited\n")
+        assert ActionKeys(search_path=()).runtime_digest != before, name
+        path.write_bytes(original)
+    assert ActionKeys(search_path=()).runtime_digest == before
+
+
+def test_bundled_cases_cover_the_toolkit_they_import_but_never_site_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import cpmatrix.cache as cache_mod
+
+    pkg = tmp_path / "site" / "cpmatrix"
+    shutil.copytree(Path(cache_mod.__file__).parent, pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # A third-party package beside cpmatrix (as in a wheel install's site-packages).
+    (tmp_path / "site" / "torch").mkdir()
+    (tmp_path / "site" / "torch" / "__init__.py").write_text("X = 1\n")
+    monkeypatch.setattr(cache_mod, "_PACKAGE_DIR", pkg)
+    keys = ActionKeys(search_path=())
+    before = keys.module_closure_digest("cpmatrix.suite.cases.unit")
+    # A package beside cpmatrix is not the project's: editing it changes nothing.
+    (tmp_path / "site" / "torch" / "__init__.py").write_text("X = 2\n")
+    assert ActionKeys(search_path=()).module_closure_digest("cpmatrix.suite.cases.unit") \
+        == before
+    # The toolkit the bundled cases import is: editing it changes their key.
+    compare = pkg / "parity" / "compare.py"
+    compare.write_text(compare.read_text() + "\n# edited\n")
+    assert ActionKeys(search_path=()).module_closure_digest("cpmatrix.suite.cases.unit") \
+        != before

@@ -40,6 +40,8 @@ from .spec import Cell
 
 __all__ = ["ActionKeys", "ResultCache", "default_cache_dir"]
 
+#: cpmatrix's package folder (``.../cpmatrix``), from a checkout or a wheel alike.
+_PACKAGE_DIR = Path(__file__).resolve().parent
 #: Modules of cpmatrix that run inside the world: a change to them changes every result.
 _RUNTIME_MODULES = ("cpmatrix.worker", "cpmatrix.cell", "cpmatrix.fsutil", "cpmatrix.isolation",
                     "cpmatrix.procs")
@@ -100,17 +102,18 @@ class ActionKeys:
     """Computes action digests; module sources are read once and memoized."""
 
     def __init__(self, search_path: Sequence[str]) -> None:
-        #: Only modules found under these folders count as project-local.
-        self.roots = tuple(os.path.abspath(p) for p in search_path)
-        # Only the project's folders: site-packages modules are never read.
-        self.sources = ModuleSources(self.roots, include_sys_path=False)
+        #: Only modules found under these folders count as project-local: the matrix's
+        #: pythonpath, and cpmatrix's own package (its bundled cases and toolkit).
+        self.roots = (*(os.path.abspath(p) for p in search_path), str(_PACKAGE_DIR))
+        # The project's folders and the folder holding cpmatrix: never site-packages as a
+        # whole (a wheel install puts cpmatrix there, beside torch).
+        self.sources = ModuleSources((*self.roots[:-1], str(_PACKAGE_DIR.parent)),
+                                     include_sys_path=False)
         self._closure: dict[str, str] = {}
         runtime = hashlib.sha256(__version__.encode())
         for name in _RUNTIME_MODULES:
-            try:
-                runtime.update(self.sources.read(name))
-            except LookupError:
-                pass
+            # Read from the package itself: the code the worlds run, wherever it is installed.
+            runtime.update((_PACKAGE_DIR / f"{name.rpartition('.')[2]}.py").read_bytes())
         self.runtime_digest = runtime.hexdigest()
 
     def _local(self, module: str) -> tuple[str, bytes] | None:

@@ -200,7 +200,7 @@ def _cache_for(
     if args.no_cache:
         return {}, None
     cache = ResultCache(cache_root(args))
-    keys = ActionKeys(search_path=options.pythonpath)
+    keys = ActionKeys(search_path=options.project_roots)
     identity = options.runner.identity()
     allow = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     # A spill cell's numbers also depend on the Triton (and so ptxas) version.
