@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cpmatrix.expand import expand
-from cpmatrix.load import load_matrix
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
 
 MESHES = ("1x1", "1x2", "2x2", "2x3", "3x3")
 

@@ -1,4 +1,4 @@
-"""What a cached PASS is keyed on (``cpmatrix.cache``), without running a cell: the imports
+"""What a cached PASS is keyed on (``cpmatrix.run.cache``), without running a cell: the imports
 a case module's closure follows (relative ones included), the action digest's inputs, and
 the stored entry. ``test_cache.py`` drives the cache through the real CLI."""
 
@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from cpmatrix import cache
-from cpmatrix.cache import ActionKeys, ResultCache, _imports, default_cache_dir
+from cpmatrix.paths import PACKAGE_DIR
 from cpmatrix.result import Result, Status
+from cpmatrix.run import cache
+from cpmatrix.run.cache import ActionKeys, ResultCache, _imports, default_cache_dir
 
 
 def test_doctests_run() -> None:
@@ -242,15 +243,15 @@ def test_the_runtime_digest_covers_the_worker_side_source(
     cached pass, wherever cpmatrix is installed: it is read from the package itself."""
     import shutil
 
-    import cpmatrix.cache as cache_mod
+    import cpmatrix.run.cache as cache_mod
 
     pkg = tmp_path / "cpmatrix"
-    shutil.copytree(Path(cache_mod.__file__).parent, pkg,
+    shutil.copytree(PACKAGE_DIR, pkg,
                     ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(cache_mod, "_PACKAGE_DIR", pkg)
     before = ActionKeys(search_path=()).runtime_digest
     for name in cache_mod._RUNTIME_MODULES:
-        path = pkg / f"{name.rpartition('.')[2]}.py"
+        path = pkg.joinpath(*name.split(".")[1:]).with_suffix(".py")
         original = path.read_bytes()
         path.write_bytes(original + b"\n# edited\n")
         assert ActionKeys(search_path=()).runtime_digest != before, name
@@ -262,10 +263,10 @@ def test_bundled_cases_cover_the_toolkit_they_import_but_never_site_packages(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    import cpmatrix.cache as cache_mod
+    import cpmatrix.run.cache as cache_mod
 
     pkg = tmp_path / "site" / "cpmatrix"
-    shutil.copytree(Path(cache_mod.__file__).parent, pkg,
+    shutil.copytree(PACKAGE_DIR, pkg,
                     ignore=shutil.ignore_patterns("__pycache__"))
     # A third-party package beside cpmatrix (as in a wheel install's site-packages).
     (tmp_path / "site" / "torch").mkdir()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.cellid import CellKey, format_cell_id, parse_cell_id, render_value
-from cpmatrix.expand import expand
-from cpmatrix.load import load_matrix
-from cpmatrix.spec import Cell
-from cpmatrix.supervise import cell_folder
+from cpmatrix.matrix.cellid import CellKey, format_cell_id, parse_cell_id, render_value
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.run.executors.world import cell_folder
 
 RESOURCES = Path(__file__).parent / "resources"
 FIXTURES = sorted(RESOURCES.glob("*.yaml"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.cli import main
-from cpmatrix.expand import expand
-from cpmatrix.load import load_matrix
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
 
 RESOURCES = Path(__file__).parent / "resources"
 GRID = RESOURCES / "grid.yaml"
@@ -184,7 +184,8 @@ def test_why_excluded_names_the_kernel_constraint(
 version: 1
 platforms: {cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}}
 targets:
-  - {name: a, case: "cpmatrix.spec:Mesh", level: unit, axes: {dtype: [fp64, fp32], path: kernel}}
+  - {name: a, case: "cpmatrix.matrix.schema:Mesh", level: unit,
+     axes: {dtype: [fp64, fp32], path: kernel}}
 """)
     rc, out, _ = cli(capsys, "list", "--why-excluded", "--matrix", str(path))
     assert rc == 0

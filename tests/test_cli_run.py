@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from cpmatrix.junit import read_junit_results
+from cpmatrix.report.junit import read_junit_results
 
 RES = Path(__file__).parent / "resources"
 

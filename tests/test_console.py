@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cpmatrix.console import format_summary
+from cpmatrix.cli.console import format_summary
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.session import RunReport
+from cpmatrix.run.session import RunReport
 
 
 def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:

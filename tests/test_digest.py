@@ -18,8 +18,8 @@ from cpmatrix.digest import (
     cell_digest,
     cell_digest_from_parts,
 )
-from cpmatrix.expand import expand
-from cpmatrix.load import load_matrix
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
 
 RESOURCES = Path(__file__).parent / "resources"
 GRID = RESOURCES / "grid.yaml"

@@ -12,16 +12,16 @@ from types import ModuleType
 
 import pytest
 
-import cpmatrix.cellid
 import cpmatrix.errors
-import cpmatrix.expand
-import cpmatrix.select
-import cpmatrix.spec
-from cpmatrix.cellid import render_value
+import cpmatrix.matrix.cellid
+import cpmatrix.matrix.expand
+import cpmatrix.matrix.schema
+import cpmatrix.matrix.select
 from cpmatrix.cli import main
-from cpmatrix.expand import CONSTRAINTS, Expansion, expand
-from cpmatrix.load import parse_matrix
-from cpmatrix.spec import Cell
+from cpmatrix.matrix.cellid import render_value
+from cpmatrix.matrix.expand import CONSTRAINTS, Expansion, expand
+from cpmatrix.matrix.load import parse_matrix
+from cpmatrix.matrix.schema import Cell
 from matrix_files import HEAD, write_matrix
 
 PLATFORMS = """\
@@ -363,7 +363,8 @@ def test_case_module_error_points_at_the_case_value(
 
 @pytest.mark.parametrize(
     "module",
-    [cpmatrix.spec, cpmatrix.errors, cpmatrix.cellid, cpmatrix.expand, cpmatrix.select],
+    [cpmatrix.matrix.schema, cpmatrix.errors, cpmatrix.matrix.cellid, cpmatrix.matrix.expand,
+     cpmatrix.matrix.select],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_hold(module: ModuleType) -> None:

@@ -20,8 +20,8 @@ from types import ModuleType
 
 import pytest
 
-from cpmatrix.expand import expand
-from cpmatrix.load import load_matrix
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
 
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"

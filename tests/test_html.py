@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from cpmatrix.gate import ReportCell, read_report
-from cpmatrix.report_html import render_html, write_html
+from cpmatrix.report.html import render_html, write_html
 from cpmatrix.result import Status
 
 REPORTS = Path(__file__).parent / "resources" / "reports"

@@ -17,8 +17,8 @@ import yaml
 
 from cpmatrix.cli import main
 from cpmatrix.errors import SpecError
-from cpmatrix.load import ALLOWED_KEYS, load_matrix, parse_matrix
-from cpmatrix.spec import TIMEOUT_CLASSES, Mesh
+from cpmatrix.matrix.load import ALLOWED_KEYS, load_matrix, parse_matrix
+from cpmatrix.matrix.schema import TIMEOUT_CLASSES, Mesh
 from matrix_files import HEAD, write_matrix
 
 RESOURCES = Path(__file__).parent / "resources"

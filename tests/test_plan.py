@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cpmatrix.plan import DevicePool, plan_batches
-from cpmatrix.spec import Cell, Mesh
+from cpmatrix.matrix.schema import Cell, Mesh
+from cpmatrix.run.plan import DevicePool, plan_batches
 
 
 def cell(name: str, mesh: str, timeout: int = 60, platform: str = "cpu") -> Cell:
@@ -73,7 +73,7 @@ def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
 ) -> None:
     from dataclasses import replace
 
-    from cpmatrix.plan import fit_to_devices
+    from cpmatrix.run.plan import fit_to_devices
 
     cells = [cell("a1", "1x1", platform="cuda"), cell("b2", "1x2", platform="cuda"),
              cell("c4", "2x2", platform="cuda"), cell("cpu4", "2x2"),

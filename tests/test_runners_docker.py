@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix import image
-from cpmatrix.runners.base import Launch, get_runner, hermetic_env
-from cpmatrix.runners.docker import DockerRunner, container_argv, docker_run_argv
-from cpmatrix.supervise import free_port
+from cpmatrix.run.executors.world import free_port
+from cpmatrix.run.runners import image
+from cpmatrix.run.runners.base import Launch, get_runner, hermetic_env
+from cpmatrix.run.runners.docker import DockerRunner, container_argv, docker_run_argv
 from runner_probes import PROBE, SECRET, WORLD
 
 ROOT = Path(__file__).resolve().parents[1]

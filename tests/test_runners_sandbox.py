@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.runners.base import Launch, get_runner, hermetic_env
-from cpmatrix.runners.sandbox import (
+from cpmatrix.run.executors.world import free_port
+from cpmatrix.run.runners.base import Launch, get_runner, hermetic_env
+from cpmatrix.run.runners.sandbox import (
     CELL_HOSTNAME,
     SandboxRunner,
     hosts_file,
     python_roots,
     sandbox_argv,
 )
-from cpmatrix.supervise import free_port
 from runner_probes import PROBE, SECRET, WORLD
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,9 @@ import re
 import pytest
 
 from cpmatrix.errors import UsageError
-from cpmatrix.expand import expand
-from cpmatrix.load import parse_matrix
-from cpmatrix.select import parse_keyword_expr, select_cells
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import parse_matrix
+from cpmatrix.matrix.select import parse_keyword_expr, select_cells
 
 ID = "ring_attention[unit,2x2,bf16,autocast=on,kernel,seq=7]@cpu"
 WORDS = [ID, "attention", "Fast"]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.cli_run import make_world_options
-from cpmatrix.expand import expand
-from cpmatrix.junit import read_junit_results
-from cpmatrix.load import load_matrix
-from cpmatrix.plan import fit_to_devices
-from cpmatrix.runners.base import get_runner
-from cpmatrix.session import run_cells
+from cpmatrix.cli.run import make_world_options
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
+from cpmatrix.report.junit import read_junit_results
+from cpmatrix.run.plan import fit_to_devices
+from cpmatrix.run.runners.base import get_runner
+from cpmatrix.run.session import run_cells
 
 RES = Path(__file__).parent / "resources"
 

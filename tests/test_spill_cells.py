@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.junit import read_junit_results
+from cpmatrix.report.junit import read_junit_results
 
 RES = Path(__file__).parent / "resources"
 FITS = "fits[unit,1x1,fp32,autocast=off,kernel,config=b1024,arch={arch}]@cpu"

@@ -304,7 +304,7 @@ def test_ctrl_c_keeps_finished_results_and_a_second_run_cannot_share_out(
     assert len(cases) == 4
     skipped = cases["s2_sleeper"].result[0]
     assert type(skipped).__name__ == "Skipped" and "interrupted" in skipped.message
-    assert processes_with(f"cpmatrix.worker {out}") == []
+    assert processes_with(f"cpmatrix.remote.world_main {out}") == []
 
 
 @pytest.mark.slow
@@ -394,7 +394,8 @@ def test_an_interpreter_that_cannot_run_is_a_usage_error(tmp_path: Path) -> None
 
 def test_internal_error_exits_4_and_still_writes_the_report(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cpmatrix import cli, supervise
+    from cpmatrix import cli
+    from cpmatrix.run.executors import world as supervise
 
     out = tmp_path / "out"
     out.mkdir()
@@ -413,7 +414,7 @@ def test_internal_error_exits_4_and_still_writes_the_report(
     (r,) = json.loads((out / "results.json").read_text())
     assert r["status"] == "crash" and "internal error" in r["message"]
     assert "planted internal bug" in r["message"]
-    assert processes_with(f"cpmatrix.worker {out}") == []
+    assert processes_with(f"cpmatrix.remote.world_main {out}") == []
 
 
 def test_report_files_get_the_users_normal_mode(tmp_path: Path) -> None:

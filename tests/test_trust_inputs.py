@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from cpmatrix.cache import ResultCache
 from cpmatrix.cli import main
 from cpmatrix.errors import SpecError
 from cpmatrix.gate import gate_main, load_policies, read_report
-from cpmatrix.junit import merge_junit, results_to_junit, write_junit
+from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
+from cpmatrix.run.cache import ResultCache
 from matrix_files import HEAD, write_matrix
 
 
@@ -168,7 +168,7 @@ def test_result_from_dict_rejects_wrong_shapes_with_value_error() -> None:
 
 
 def test_xml_safe_keeps_text_readable() -> None:
-    from cpmatrix.junit import xml_safe
+    from cpmatrix.report.junit import xml_safe
 
     assert xml_safe("\x1b[31mred\x1b[0m plain") == "red plain"
     assert xml_safe("nul \x00 vt \x0b ok\ttab\nline") == "nul \\x00 vt \\x0b ok\ttab\nline"
@@ -198,9 +198,9 @@ def test_a_report_with_control_characters_everywhere_is_written_and_read(
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
     from cpmatrix.fsutil import atomic_write_json
-    from cpmatrix.runners.base import get_runner
-    from cpmatrix.spec import Cell, Mesh, Platform
-    from cpmatrix.supervise import Entry, WorldOptions, WorldRun
+    from cpmatrix.matrix.schema import Cell, Mesh, Platform
+    from cpmatrix.run.executors.world import Entry, WorldOptions, WorldRun
+    from cpmatrix.run.runners.base import get_runner
 
     cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
                 kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,

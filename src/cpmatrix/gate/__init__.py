@@ -38,11 +38,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ..errors import ExitCode, SpecError, UsageError
-from ..result import Status
-from ._checks import CHECKS, GateResult, Reason, evaluate
-from ._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, load_policies
-from ._report import ReportCell, ReportError, read_report
+from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.gate._checks import CHECKS, GateResult, Reason, evaluate
+from cpmatrix.gate._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, load_policies
+from cpmatrix.gate._report import ReportCell, ReportError, read_report
+from cpmatrix.result import Status
 
 __all__ = [
     "DEFAULT_DRIFT_KEYS",

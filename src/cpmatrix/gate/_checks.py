@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..result import Status
-from ._policy import Policy
-from ._report import ReportCell
+from cpmatrix.gate._policy import Policy
+from cpmatrix.gate._report import ReportCell
+from cpmatrix.result import Status
 
 __all__ = ["CHECKS", "GateResult", "Reason", "check_drift", "check_mutants", "check_spill",
            "check_status", "evaluate", "max_errors"]

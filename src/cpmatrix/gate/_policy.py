@@ -18,9 +18,9 @@ from typing import Any, Final
 
 import yaml
 
-from ..errors import SpecError, UsageError
-from ..load import read_spec_text, reject_duplicate_keys
-from ..select import parse_keyword_expr
+from cpmatrix.errors import SpecError, UsageError
+from cpmatrix.matrix.load import read_spec_text, reject_duplicate_keys
+from cpmatrix.matrix.select import parse_keyword_expr
 
 __all__ = ["DEFAULT_DRIFT_KEYS", "POLICY_KEYS", "Policy", "expected_cells", "load_policies"]
 
@@ -230,8 +230,8 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
 
 def expected_cells(policy: Policy) -> list[tuple[str, str, tuple[str, ...]]]:
     """``(id, platform, tags)`` of every required cell of the policy's matrix files."""
-    from ..expand import expand
-    from ..load import load_matrix
+    from cpmatrix.matrix.expand import expand
+    from cpmatrix.matrix.load import load_matrix
 
     required = policy.scope()
     out = []

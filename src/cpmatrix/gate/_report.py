@@ -19,8 +19,8 @@ from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, JUnitXmlError, Properties, Skipped
 
-from ..cellid import parse_cell_id
-from ..result import Status
+from cpmatrix.matrix.cellid import parse_cell_id
+from cpmatrix.result import Status
 
 __all__ = ["ReportCell", "ReportError", "read_report"]
 

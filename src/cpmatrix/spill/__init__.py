@@ -28,8 +28,8 @@ Example::
     SpillVerdict(passed=True, message='spilled 0 bytes stores + 0 bytes loads <= budget 0 ...')
 """
 
-from ._crosscheck import crosscheck_loaded
-from ._measure import (
+from cpmatrix.spill._crosscheck import crosscheck_loaded
+from cpmatrix.spill._measure import (
     LoadedKernel,
     autotune_specs,
     compile_and_measure,
@@ -37,9 +37,9 @@ from ._measure import (
     load_kernel,
     spill_digest,
 )
-from ._ptxas import Ptxas, PtxasStats, parse_ptxas_log, resolve_ptxas, run_ptxas
-from ._report import SpillReport, SpillVerdict
-from ._spec import ARCHS, ConstexprValue, SpillError, SpillSpec, specs_from_table
+from cpmatrix.spill._ptxas import Ptxas, PtxasStats, parse_ptxas_log, resolve_ptxas, run_ptxas
+from cpmatrix.spill._report import SpillReport, SpillVerdict
+from cpmatrix.spill._spec import ARCHS, ConstexprValue, SpillError, SpillSpec, specs_from_table
 
 __all__ = [
     "ARCHS",

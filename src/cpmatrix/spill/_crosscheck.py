@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ._measure import compile_kernel, import_triton, load_kernel
-from ._ptxas import parse_ptxas_log, resolve_ptxas, run_ptxas
-from ._spec import ARCHS, SpillSpec
+from cpmatrix.spill._measure import compile_kernel, import_triton, load_kernel
+from cpmatrix.spill._ptxas import parse_ptxas_log, resolve_ptxas, run_ptxas
+from cpmatrix.spill._spec import ARCHS, SpillSpec
 
 __all__ = ["crosscheck_loaded"]
 

@@ -52,9 +52,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..digest import canonical_json, sha256_hex
-from ..fsutil import atomic_write_json, atomic_write_text
-from ._ptxas import (
+from cpmatrix.digest import canonical_json, sha256_hex
+from cpmatrix.fsutil import atomic_write_json, atomic_write_text
+from cpmatrix.spill._ptxas import (
     Ptxas,
     PtxasStats,
     parse_ptxas_log,
@@ -63,8 +63,8 @@ from ._ptxas import (
     run_ptxas,
     summarize,
 )
-from ._report import SpillReport
-from ._spec import SpillError, SpillSpec
+from cpmatrix.spill._report import SpillReport
+from cpmatrix.spill._spec import SpillError, SpillSpec
 
 __all__ = ["LoadedKernel", "autotune_specs", "compile_and_measure", "import_triton",
            "load_kernel", "spill_digest"]

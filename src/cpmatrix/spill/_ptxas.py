@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ._spec import ARCHS, SpillError
+from cpmatrix.spill._spec import ARCHS, SpillError
 
 __all__ = ["PTXAS_TIMEOUT_S", "Ptxas", "PtxasStats", "parse_ptxas_log", "resolve_ptxas",
            "retarget_ptx", "run_ptxas", "summarize"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._ptxas import PtxasStats
-from ._spec import SpillSpec
+from cpmatrix.spill._ptxas import PtxasStats
+from cpmatrix.spill._spec import SpillSpec
 
 __all__ = ["SpillReport", "SpillVerdict"]
 

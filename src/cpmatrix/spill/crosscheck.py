@@ -73,14 +73,14 @@ def _device() -> tuple[str | None, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..errors import ExitCode, SpecError, UsageError
-    from ..expand import expand
-    from ..load import load_matrix
-    from ..select import select_cells
-    from ..spill_exec import read_spill
-    from ..spill_worker import build_spec
-    from ._crosscheck import crosscheck_loaded
-    from ._spec import ARCHS, SpillError
+    from cpmatrix.errors import ExitCode, SpecError, UsageError
+    from cpmatrix.matrix.expand import expand
+    from cpmatrix.matrix.load import load_matrix
+    from cpmatrix.matrix.select import select_cells
+    from cpmatrix.remote.compile_main import build_spec
+    from cpmatrix.run.executors.compile import read_spill
+    from cpmatrix.spill._crosscheck import crosscheck_loaded
+    from cpmatrix.spill._spec import ARCHS, SpillError
 
     p = argparse.ArgumentParser(prog="python -m cpmatrix.spill.crosscheck",
                                 description=__doc__.splitlines()[0] if __doc__ else None)

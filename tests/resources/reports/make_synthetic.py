@@ -2,7 +2,7 @@
 
 ``green.xml`` passes every gate check; each other file differs from it in exactly one way
 (named in its first comment), so a test that sees a check fail knows what caused it. The
-XML has the shape ``cpmatrix run`` writes (see ``cpmatrix.junit``).
+XML has the shape ``cpmatrix run`` writes (see ``cpmatrix.report.junit``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""YAML -> :class:`~cpmatrix.spec.Matrix`: the only module that sees raw YAML.
+"""YAML -> :class:`~cpmatrix.matrix.schema.Matrix`: the only module that sees raw YAML.
 
 It composes the document into PyYAML nodes (safe loader only) so every value keeps
 its line and column, and turns any problem into a :class:`SpecError` that names
@@ -22,8 +22,8 @@ from typing import Final
 
 import yaml
 
-from .errors import SpecError
-from .spec import (
+from cpmatrix.errors import SpecError
+from cpmatrix.matrix.schema import (
     AUTOCAST,
     DTYPES,
     KINDS,
@@ -431,7 +431,7 @@ def _target(
 
 def _spill_block(ctx: _Ctx, node: yaml.Node, path: str) -> SpillBlock:
     """The ``spill:`` block of a ``kind: spill`` target."""
-    from .spill._spec import ARCHS  # stdlib-only module: no torch, no triton
+    from cpmatrix.spill._spec import ARCHS  # stdlib-only module: no torch, no triton
 
     values: dict[str, object] = {}
     nodes: dict[str, yaml.Node] = {}

@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 
-from .errors import UsageError
+from cpmatrix.errors import UsageError
 
 __all__ = ["interpreter_identity"]
 

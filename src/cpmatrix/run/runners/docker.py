@@ -27,7 +27,7 @@ How a launch changes on its way into the container:
 
 Example::
 
-    >>> from cpmatrix.runners.base import Launch
+    >>> from cpmatrix.run.runners.base import Launch
     >>> container_argv(("/venv/bin/python", "-m", "torch.distributed.run", "w.py"))
     ['python3', '-m', 'torch.distributed.run', 'w.py']
     >>> container_argv(("torchrun", "--nproc-per-node=2", "w.py"))
@@ -46,9 +46,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from .. import image as _image
-from .base import Launch
-from .sandbox import CELL_HOSTNAME, hosts_file
+from cpmatrix.paths import IMPORT_ROOT
+from cpmatrix.run.runners import image as _image
+from cpmatrix.run.runners.base import Launch
+from cpmatrix.run.runners.sandbox import CELL_HOSTNAME, hosts_file
 
 __all__ = ["DockerRunner", "container_argv", "docker_run_argv"]
 
@@ -67,7 +68,7 @@ _CLIENT_VARS: Final = (
 )
 _PYTHON: Final = re.compile(r"python(3(\.\d+)?)?")
 #: The directory holding the cpmatrix package (src/ in a checkout).
-_PACKAGE_DIR: Final = Path(__file__).resolve().parents[2]  # .../src/cpmatrix/runners/x.py
+_PACKAGE_DIR: Final = IMPORT_ROOT  # the folder holding the cpmatrix package
 
 
 def container_argv(argv: Iterable[str]) -> list[str]:
@@ -192,7 +193,7 @@ class DockerRunner:
     """torchrun in ``docker run --network=none`` from the platform's image.
 
     ``image`` defaults to ``cpmatrix-<platform>:<tag>`` for the checkout's Dockerfile
-    (see :mod:`cpmatrix.image`; ``docker/build-image.sh`` builds it).
+    (see :mod:`cpmatrix.run.runners.image`; ``docker/build-image.sh`` builds it).
 
     Example::
 

@@ -17,25 +17,26 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .cache import ActionKeys, ResultCache, default_cache_dir
-from .console import Progress, format_summary
-from .errors import ExitCode, UsageError
-from .fsutil import atomic_write_json
-from .outdir import OutClaim, claim_out
-from .plan import fit_to_devices, plan_batches
-from .result import Result
-from .runners.base import ENV_ALLOW, Runner, get_runner, runner_names
-from .session import load_durations, run_cells
-from .spec import Cell, Matrix, Platform
-from .stopping import exit_code_for, stop_on_signals
-from .supervise import WorldOptions
-from .toolchain import interpreter_identity
+from cpmatrix.cli.console import Progress, format_summary
+from cpmatrix.errors import ExitCode, UsageError
+from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.matrix.schema import Cell, Matrix, Platform
+from cpmatrix.paths import IMPORT_ROOT
+from cpmatrix.result import Result
+from cpmatrix.run.cache import ActionKeys, ResultCache, default_cache_dir
+from cpmatrix.run.executors.world import WorldOptions
+from cpmatrix.run.outdir import OutClaim, claim_out
+from cpmatrix.run.plan import fit_to_devices, plan_batches
+from cpmatrix.run.runners.base import ENV_ALLOW, Runner, get_runner, runner_names
+from cpmatrix.run.session import load_durations, run_cells
+from cpmatrix.run.stopping import exit_code_for, stop_on_signals
+from cpmatrix.run.toolchain import interpreter_identity
 
 __all__ = ["add_run_parser", "cmd_run", "discover_mutants", "visible_cuda_devices"]
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from .cli import _add_selection
+    from cpmatrix.cli import _add_selection
 
     p = sub.add_parser("run", help="run the selected cells in batched torchrun worlds")
     _add_selection(p)
@@ -126,7 +127,7 @@ def make_world_options(
     run_id: str = "",
 ) -> WorldOptions:
     project_root = str(Path(matrix.path).resolve().parent.parent)
-    src_dir = str(Path(__file__).resolve().parent.parent)
+    src_dir = str(IMPORT_ROOT)
     return WorldOptions(
         out_root=out,
         runner=runner,
@@ -230,8 +231,8 @@ def _cache_for(
 
 def _write_html(out: Path) -> None:
     """report.html beside report.xml; a rendering problem never fails the run."""
-    from .gate import ReportError
-    from .report_html import write_html
+    from cpmatrix.gate import ReportError
+    from cpmatrix.report.html import write_html
 
     try:
         write_html(out / "report.xml", out / "report.html")
@@ -296,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: Path, claim: OutClaim | None) -> int:
-    from .cli import nothing_selected, select_from_args
+    from cpmatrix.cli import nothing_selected, select_from_args
 
     matrix, expansion, cells = select_from_args(args)
     if args.only_kind:

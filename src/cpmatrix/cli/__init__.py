@@ -16,12 +16,12 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .cellid import parse_cell_id
-from .errors import ExitCode, SpecError, UsageError
-from .expand import Expansion, expand
-from .load import load_matrix
-from .select import select_cells
-from .spec import Cell, Matrix
+from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.matrix.cellid import parse_cell_id
+from cpmatrix.matrix.expand import Expansion, expand
+from cpmatrix.matrix.load import load_matrix
+from cpmatrix.matrix.schema import Cell, Matrix
+from cpmatrix.matrix.select import select_cells
 
 __all__ = ["main"]
 
@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_show.add_argument("cell_id")
     p_show.add_argument("--matrix", default=DEFAULT_MATRIX)
 
-    from .cli_report import add_report_parsers
-    from .cli_run import add_run_parser
-    from .repro import add_repro_parser
+    from cpmatrix.cli.report import add_report_parsers
+    from cpmatrix.cli.repro import add_repro_parser
+    from cpmatrix.cli.run import add_run_parser
 
     add_run_parser(sub)
     add_repro_parser(sub)
@@ -151,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        from .cli_report import cmd_gate, cmd_report
-        from .cli_run import cmd_run
-        from .repro import cmd_repro
+        from cpmatrix.cli.report import cmd_gate, cmd_report
+        from cpmatrix.cli.repro import cmd_repro
+        from cpmatrix.cli.run import cmd_run
 
         handler = {"list": _cmd_list, "show": _cmd_show, "run": cmd_run, "spill": cmd_run,
                    "gate": cmd_gate, "report": cmd_report,

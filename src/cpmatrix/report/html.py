@@ -24,10 +24,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .fsutil import atomic_write_bytes
-from .gate import ReportCell, read_report
-from .result import Status
-from .spec import DTYPES, LEVELS
+from cpmatrix.fsutil import atomic_write_bytes
+from cpmatrix.gate import ReportCell, read_report
+from cpmatrix.matrix.schema import DTYPES, LEVELS
+from cpmatrix.result import Status
 
 __all__ = ["STATUS_COLORS", "render_html", "write_html"]
 

@@ -18,12 +18,12 @@ Every combination left out is reported with its reason (``Expansion.excluded``).
 
 Example::
 
-    >>> from cpmatrix.load import parse_matrix
+    >>> from cpmatrix.matrix.load import parse_matrix
     >>> m = parse_matrix('''
     ... version: 1
     ... platforms: {cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}}
     ... targets:
-    ...   - {name: t, case: "cpmatrix.spec:Mesh", level: unit, axes: {mesh: [1x1, 2x2]}}
+    ...   - {name: t, case: "cpmatrix.matrix.schema:Mesh", level: unit, axes: {mesh: [1x1, 2x2]}}
     ... ''')
     >>> [c.id for c in expand(m).cells]
     ['t[unit,1x1,fp64,autocast=off,reference]@cpu', 't[unit,2x2,fp64,autocast=off,reference]@cpu']
@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .cellid import format_cell_id, render_value
-from .digest import ModuleSources, canonical_json, cell_digest_from_parts
-from .errors import SpecError
-from .spec import REDUCED_PRECISION, Cell, Clause, Matrix, Mesh, Scalar, Target
+from cpmatrix.digest import ModuleSources, canonical_json, cell_digest_from_parts
+from cpmatrix.errors import SpecError
+from cpmatrix.matrix.cellid import format_cell_id, render_value
+from cpmatrix.matrix.schema import REDUCED_PRECISION, Cell, Clause, Matrix, Mesh, Scalar, Target
 
 __all__ = ["CONSTRAINTS", "Constraint", "Excluded", "Expansion", "expand"]
 

@@ -1,7 +1,7 @@
 """Runs spill cells in a process of their own (Triton's compiler is not thread-safe and
 must not see ``TRITON_INTERPRET``). Standard library + :mod:`cpmatrix.spill` only.
 
-    python -m cpmatrix.spill_worker JOB.json
+    python -m cpmatrix.remote.compile_main JOB.json
 
 ``JOB.json``: ``{"cells": [{"id", "spill": {...}}], "progress": DIR, "cache_dir": DIR|null,
 "search_path": [...]}``. For each cell, ``DIR/<i>.start`` then ``DIR/<i>.done`` (atomic)
@@ -17,8 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_json, read_json
-from .spill import SpillError, SpillSpec, compile_and_measure
+from cpmatrix.fsutil import atomic_write_json, read_json
+from cpmatrix.spill import SpillError, SpillSpec, compile_and_measure
 
 
 def build_spec(spill: dict[str, Any], search_path: list[str]) -> SpillSpec:

@@ -20,7 +20,7 @@ reported failed because of another cell's fault.
 
 Every file the supervisor reads carries its run's id; a marker of another run (a second
 ``cpmatrix run`` on the same folder) is ignored. When a world ends, every process that
-carries its token in the environment is killed (see :mod:`cpmatrix.procs`).
+carries its token in the environment is killed (see :mod:`cpmatrix.remote.procs`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_json, read_json, tail_lines
-from .junit import testcase_name
-from .procs import WORLD_TOKEN, descendants, kill_all, processes_with_token
-from .result import FailureKind, RankFailure, Result, Status
-from .runners.base import Launch, Runner, hermetic_env
-from .spec import Cell, Platform
+from cpmatrix.fsutil import atomic_write_json, read_json, tail_lines
+from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.remote.procs import WORLD_TOKEN, descendants, kill_all, processes_with_token
+from cpmatrix.report.junit import testcase_name
+from cpmatrix.result import FailureKind, RankFailure, Result, Status
+from cpmatrix.run.runners.base import Launch, Runner, hermetic_env
 
 __all__ = ["Entry", "WorldOptions", "WorldRun", "free_port"]
 
@@ -100,7 +100,7 @@ class WorldOptions:
     python: str = sys.executable
     pythonpath: tuple[str, ...] = ()
     #: The matrix's own pythonpath folders: modules a cell imports from them are
-    #: re-imported afresh for the next cell (see :mod:`cpmatrix.isolation`).
+    #: re-imported afresh for the next cell (see :mod:`cpmatrix.remote.isolation`).
     project_roots: tuple[str, ...] = ()
     project_root: str = "."
     #: This run's id: stamped on every world file and marker, checked when read.
@@ -274,7 +274,7 @@ class WorldRun:
                 f"--master-port={free_port()}",
                 "--max-restarts=0",
                 "--monitor-interval=0.1",
-                "-m", "cpmatrix.worker", str(world_file),
+                "-m", "cpmatrix.remote.world_main", str(world_file),
             )
             self.launch = Launch(
                 argv=argv, env=env, cwd=opts.project_root,

@@ -87,13 +87,13 @@ class LogStreamer(threading.Thread):
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from .cli import load_and_expand
-    from .cli_run import make_world_options, resolve_runner
-    from .console import format_summary
-    from .errors import ExitCode
-    from .outdir import claim_out
-    from .session import run_cells
-    from .stopping import exit_code_for, stop_on_signals
+    from cpmatrix.cli import load_and_expand
+    from cpmatrix.cli.console import format_summary
+    from cpmatrix.cli.run import make_world_options, resolve_runner
+    from cpmatrix.errors import ExitCode
+    from cpmatrix.run.outdir import claim_out
+    from cpmatrix.run.session import run_cells
+    from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 
     matrix, expansion = load_and_expand(args.matrix)
     cell = next((c for c in expansion.cells if c.id == args.cell_id), None)

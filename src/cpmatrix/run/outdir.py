@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .errors import UsageError
+from cpmatrix.errors import UsageError
 
 __all__ = ["MARKER", "OUTPUTS", "OutClaim", "claim_out"]
 

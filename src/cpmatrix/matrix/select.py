@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import UsageError
-from .spec import Cell
+from cpmatrix.errors import UsageError
+from cpmatrix.matrix.schema import Cell
 
 __all__ = ["KeywordExpr", "parse_keyword_expr", "select_cells"]
 

@@ -7,8 +7,8 @@ reference and, when present locally, its id). The same inputs name the same imag
 new one. Only the tag lives here (pure, plus one ``docker image inspect``); the build is
 in ``docker/build-image.sh``, which asks this module for the name:
 
-    python -m cpmatrix.image ref cpu        # -> cpmatrix-cpu:3f0c...
-    python -m cpmatrix.image base cpu       # -> cpmatrix-base:bookworm
+    python -m cpmatrix.run.runners.image ref cpu        # -> cpmatrix-cpu:3f0c...
+    python -m cpmatrix.run.runners.image base cpu       # -> cpmatrix-base:bookworm
 
 Example::
 
@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from cpmatrix.paths import IMPORT_ROOT
+
 __all__ = [
     "DOCKER_DIR",
     "PLATFORMS",
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 #: The docker/ folder of a source checkout (src/cpmatrix/image.py -> ../../docker).
-DOCKER_DIR: Final = Path(__file__).resolve().parents[2] / "docker"
+DOCKER_DIR: Final = IMPORT_ROOT.parent / "docker"
 PLATFORMS: Final = ("cpu", "cuda")
 
 #: Bumped when the meaning of the tag changes, so old images are never reused by mistake.
@@ -107,8 +109,9 @@ def image_ref(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cpmatrix.image {ref,base} PLATFORM [--base IMAGE]``; prints one line."""
-    parser = argparse.ArgumentParser(prog="python -m cpmatrix.image", description=__doc__)
+    """``python -m cpmatrix.run.runners.image {ref,base} PLATFORM [--base IMAGE]``: one line."""
+    parser = argparse.ArgumentParser(prog="python -m cpmatrix.run.runners.image",
+                                     description=__doc__)
     parser.add_argument("what", choices=("ref", "base"))
     parser.add_argument("platform", choices=PLATFORMS)
     parser.add_argument("--base", help="base image (default: the Dockerfile's ARG BASE)")
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(image_ref(args.platform, docker_dir=args.docker_dir, base=args.base))
     except (OSError, ValueError) as exc:
-        print(f"cpmatrix.image: {exc}", file=sys.stderr)
+        print(f"cpmatrix.run.runners.image: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -65,7 +65,8 @@ def hermetic_env(
 class Launch:
     """A world's command and what it may touch."""
 
-    #: The torchrun argv (``python -m torch.distributed.run ... -m cpmatrix.worker FILE``).
+    #: The torchrun argv
+    #: (``python -m torch.distributed.run ... -m cpmatrix.remote.world_main FILE``).
     argv: tuple[str, ...]
     #: The complete environment for the command (already hermetic).
     env: dict[str, str]
@@ -129,11 +130,11 @@ def get_runner(name: str, **options: str) -> Runner:
     if name == "local":
         return LocalRunner()
     if name == "sandbox":
-        from .sandbox import SandboxRunner
+        from cpmatrix.run.runners.sandbox import SandboxRunner
 
         return SandboxRunner(**options)
     if name == "docker":
-        from .docker import DockerRunner
+        from cpmatrix.run.runners.docker import DockerRunner
 
         return DockerRunner(**options)
     raise ValueError(f"unknown runner {name!r} (allowed: {', '.join(runner_names())})")

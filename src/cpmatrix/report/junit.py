@@ -18,9 +18,9 @@ from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
-from .fsutil import atomic_write_bytes
-from .result import Result, Status
-from .spec import Cell
+from cpmatrix.fsutil import atomic_write_bytes
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.result import Result, Status
 
 __all__ = ["merge_junit", "read_junit_results", "results_to_junit", "testcase_name",
            "xml_safe"]

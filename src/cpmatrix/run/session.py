@@ -1,14 +1,14 @@
 """A run: plan -> worlds (with restarts and retries) -> results -> merged report.
 
 :func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop; the
-per-world fault handling lives in :mod:`cpmatrix.supervise`.
+per-world fault handling lives in :mod:`cpmatrix.run.executors.world`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
 once alone (passed on retry -> FLAKY); a world that cannot start is retried twice
 and then its cells fail with the launcher's error; the report is written atomically,
 in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells ``interrupted``) and after an
 internal error of cpmatrix (unfinished cells ``crash``, the error named, then re-raised).
-When the run ends, no process it started is left (see :mod:`cpmatrix.procs`).
+When the run ends, no process it started is left (see :mod:`cpmatrix.remote.procs`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .fsutil import atomic_write_json, read_json, tail_lines
-from .junit import merge_junit, results_to_junit, testcase_name, write_junit
-from .plan import DevicePool, plan_batches
-from .procs import descendants, kill_all, processes_with_token, reap_orphans, set_child_subreaper
-from .result import FailureKind, Result, Status
-from .spec import Cell, Platform
-from .spill_exec import run_spill_cells
-from .stopping import Stopper, StopRequested
-from .supervise import Entry, WorldOptions, WorldRun
+from cpmatrix.fsutil import atomic_write_json, read_json, tail_lines
+from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.remote.procs import (
+    descendants,
+    kill_all,
+    processes_with_token,
+    reap_orphans,
+    set_child_subreaper,
+)
+from cpmatrix.report.junit import merge_junit, results_to_junit, testcase_name, write_junit
+from cpmatrix.result import FailureKind, Result, Status
+from cpmatrix.run.executors.compile import run_spill_cells
+from cpmatrix.run.executors.world import Entry, WorldOptions, WorldRun
+from cpmatrix.run.plan import DevicePool, plan_batches
+from cpmatrix.run.stopping import Stopper, StopRequested
 
 __all__ = ["RunReport", "load_durations", "run_cells"]
 
@@ -108,7 +114,7 @@ def run_cells(
     """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
 
     ``skipped`` holds cells that are not run here, each with the reason (a cuda cell
-    wider than the GPUs visible, see :func:`cpmatrix.plan.fit_to_devices`): no world is
+    wider than the GPUs visible, see :func:`cpmatrix.run.plan.fit_to_devices`): no world is
     planned for them, and the report holds each as ``skipped`` with that message.
 
     The report is written whatever happens: a Ctrl-C/SIGTERM (``StopRequested``) ends the

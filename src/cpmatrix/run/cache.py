@@ -8,7 +8,7 @@ The action digest covers everything a cell's result depends on:
 - cpmatrix's version and the source of its worker-side modules;
 - the runner's identity (the image digest when cells run in a container);
 - the interpreter that runs the worlds (real path, version) and its installed
-  distributions (every ``name==version``; see :mod:`cpmatrix.toolchain`);
+  distributions (every ``name==version``; see :mod:`cpmatrix.run.toolchain`);
 - the values of the environment allow-list and the platform's environment.
 
 Only passes are stored; failures, flaky results and timeouts are never reused. Entries
@@ -32,19 +32,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from . import __version__
-from .digest import ModuleSources, canonical_json
-from .fsutil import atomic_write_json
-from .result import Result, Status
-from .spec import Cell
+from cpmatrix import __version__
+from cpmatrix.digest import ModuleSources, canonical_json
+from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.paths import PACKAGE_DIR
+from cpmatrix.result import Result, Status
 
 __all__ = ["ActionKeys", "ResultCache", "default_cache_dir"]
 
 #: cpmatrix's package folder (``.../cpmatrix``), from a checkout or a wheel alike.
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = PACKAGE_DIR
 #: Modules of cpmatrix that run inside the world: a change to them changes every result.
-_RUNTIME_MODULES = ("cpmatrix.worker", "cpmatrix.cell", "cpmatrix.fsutil", "cpmatrix.isolation",
-                    "cpmatrix.procs")
+_RUNTIME_MODULES = ("cpmatrix.remote.world_main", "cpmatrix.cell", "cpmatrix.fsutil",
+                    "cpmatrix.remote.isolation", "cpmatrix.remote.procs")
 
 
 def default_cache_dir() -> Path:
@@ -113,7 +114,8 @@ class ActionKeys:
         runtime = hashlib.sha256(__version__.encode())
         for name in _RUNTIME_MODULES:
             # Read from the package itself: the code the worlds run, wherever it is installed.
-            runtime.update((_PACKAGE_DIR / f"{name.rpartition('.')[2]}.py").read_bytes())
+            runtime.update(_PACKAGE_DIR.joinpath(*name.split(".")[1:]).with_suffix(".py")
+                           .read_bytes())
         self.runtime_digest = runtime.hexdigest()
 
     def _local(self, module: str) -> tuple[str, bytes] | None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from .result import Result, Status
-from .session import RunReport
-from .supervise import Entry
+from cpmatrix.result import Result, Status
+from cpmatrix.run.executors.world import Entry
+from cpmatrix.run.session import RunReport
 
 __all__ = ["Progress", "format_summary"]
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import ExitCode
+from cpmatrix.errors import ExitCode
 
 __all__ = ["add_report_parsers", "cmd_gate", "cmd_report"]
 
@@ -33,14 +33,14 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from .gate import gate_main
+    from cpmatrix.gate import gate_main
 
     return gate_main(args.policy, args.report, args.baseline, args.gates)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .gate import ReportError
-    from .report_html import write_html
+    from cpmatrix.gate import ReportError
+    from cpmatrix.report.html import write_html
 
     report: Path = args.report
     if report.is_dir():

@@ -1,7 +1,7 @@
 """Runs a run's spill cells (``kind: spill``) in a compile subprocess, with a watchdog.
 
 Spill cells need no torchrun world: each compiles one Triton kernel for one arch and
-reads ``ptxas -v``. They run in one subprocess (:mod:`cpmatrix.spill_worker`), without
+reads ``ptxas -v``. They run in one subprocess (:mod:`cpmatrix.remote.compile_main`), without
 ``TRITON_INTERPRET``; a cell past its timeout or a crashed compiler fails that cell
 only, and the rest continue in a fresh subprocess.
 
@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_json, read_json, tail_lines
-from .result import FailureKind, RankFailure, Result, Status
-from .runners.base import hermetic_env
-from .spec import Cell
+from cpmatrix.fsutil import atomic_write_json, read_json, tail_lines
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.result import FailureKind, RankFailure, Result, Status
+from cpmatrix.run.runners.base import hermetic_env
 
 __all__ = ["run_spill_cells"]
 
@@ -84,7 +84,8 @@ def _attempt(cells: Sequence[Cell], job_dir: Path, search_path: Sequence[str],
     env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
     log = open(job_dir / "spill.log", "wb")  # noqa: SIM115
     try:
-        proc = subprocess.Popen([python, "-m", "cpmatrix.spill_worker", str(job_dir / "job.json")],
+        proc = subprocess.Popen([python, "-m", "cpmatrix.remote.compile_main",
+                                 str(job_dir / "job.json")],
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:

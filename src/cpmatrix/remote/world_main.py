@@ -2,11 +2,11 @@
 
 Usage (the supervisor builds this command)::
 
-    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.worker WORLD.json
+    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.remote.world_main WORLD.json
 
 Imports only the standard library, torch and the small worker-side part of cpmatrix
-(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`~cpmatrix.isolation`,
-:mod:`~cpmatrix.procs`), so start-up stays cheap and a crash here is easy to read.
+(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`~cpmatrix.remote.isolation`,
+:mod:`~cpmatrix.remote.procs`), so start-up stays cheap and a crash here is easy to read.
 
 Protocol with the supervisor (all files under the world folder, all written atomically):
 
@@ -17,7 +17,7 @@ Protocol with the supervisor (all files under the world folder, all written atom
                               status, traceback, evidence, timings
 
 Every marker carries the run's id (``run``): the supervisor ignores a file that is not
-its own run's. After each cell the process state is restored (:mod:`cpmatrix.isolation`);
+its own run's. After each cell the process state is restored (:mod:`cpmatrix.remote.isolation`);
 when a case changed what cannot be restored, every rank leaves the loop after the
 barrier and exits 0, and the supervisor runs the remaining cells in a fresh world.
 
@@ -41,9 +41,14 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cell import CellContext, seed_for
-from .fsutil import atomic_write_json, read_json
-from .procs import descendants, kill_all, set_child_subreaper, set_parent_death_signal
+from cpmatrix.cell import CellContext, seed_for
+from cpmatrix.fsutil import atomic_write_json, read_json
+from cpmatrix.remote.procs import (
+    descendants,
+    kill_all,
+    set_child_subreaper,
+    set_parent_death_signal,
+)
 
 DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -142,7 +147,8 @@ def _destroy_mesh(mesh: Any) -> None:
             try:
                 dist.destroy_process_group(group)
             except Exception as exc:  # never let cleanup mask the cell's own outcome
-                print(f"cpmatrix.worker: destroying {dim} group failed: {exc!r}", file=sys.stderr)
+                print(f"cpmatrix worker: destroying {dim} group failed: {exc!r}",
+                      file=sys.stderr)
 
 
 def run_cell(
@@ -220,7 +226,7 @@ def run_cell(
             check=str(getattr(exc, "check", "") or ""),
         )
         # Print it too: the rank's log is the first place people look.
-        print(f"cpmatrix.worker: cell {cell['id']} failed on rank {rank}:\n"
+        print(f"cpmatrix.remote.world_main: cell {cell['id']} failed on rank {rank}:\n"
               f"{outcome['traceback']}", file=sys.stderr)
     finally:
         if torch.cuda.is_available():
@@ -313,7 +319,7 @@ class _StackDumper:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m cpmatrix.worker WORLD.json", file=sys.stderr)
+        print("usage: python -m cpmatrix.remote.world_main WORLD.json", file=sys.stderr)
         return 2
     world = read_json(args[0])
     _guard_parent(int(world.get("supervisor_pid", 0)))
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from .isolation import CellIsolation
+    from cpmatrix.remote.isolation import CellIsolation
 
     if world["device"] == "cuda":
         torch.cuda.set_device(local_rank)
@@ -403,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception as exc:
-            print(f"cpmatrix.worker: destroy_process_group failed: {exc!r}", file=sys.stderr)
+            print(f"cpmatrix worker: destroy_process_group failed: {exc!r}", file=sys.stderr)
         kill_all(descendants(os.getpid()))  # whatever the cases started dies with the rank
     return 0
 
@@ -417,7 +423,7 @@ def _blame_state(outcome: dict[str, Any], problems: list[str], cell_id: str,
                        traceback="", check="process_state")
     else:  # keep the case's own error first; the state problem is part of the story
         outcome["message"] = f"{outcome['message']}; {message}"
-    print(f"cpmatrix.worker: cell {cell_id} on rank {rank}: {message}; the world is "
+    print(f"cpmatrix.remote.world_main: cell {cell_id} on rank {rank}: {message}; the world is "
           "recycled after this cell", file=sys.stderr)
 
 

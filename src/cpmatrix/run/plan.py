@@ -6,7 +6,7 @@ the durations recorded in earlier runs (else by timeout), then cut into batches 
 
 Example::
 
-    >>> from cpmatrix.spec import Cell, Mesh
+    >>> from cpmatrix.matrix.schema import Cell, Mesh
     >>> def c(i, mesh): return Cell(id=f"t{i}", target="t", case="m:f", kind="parity",
     ...     level="unit", mesh=Mesh.parse(mesh), dtype="fp64", autocast=False,
     ...     path="reference", params=(), platform="cpu", timeout_s=60, tags=())
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .spec import Cell
+from cpmatrix.matrix.schema import Cell
 
 __all__ = ["Batch", "DevicePool", "fit_to_devices", "plan_batches"]
 
@@ -96,7 +96,7 @@ def fit_to_devices(
     over CUDA tensors is no way around that). Spill cells compile without a device and
     cells of other platforms need none; both always fit. Order is kept.
 
-    >>> from cpmatrix.spec import Cell, Mesh
+    >>> from cpmatrix.matrix.schema import Cell, Mesh
     >>> def c(mesh): return Cell(id=mesh, target="t", case="m:f", kind="parity",
     ...     level="unit", mesh=Mesh.parse(mesh), dtype="fp64", autocast=False,
     ...     path="reference", params=(), platform="cuda", timeout_s=60, tags=())

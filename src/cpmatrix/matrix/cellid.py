@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from .spec import DTYPES, LEVELS, NAME_RE, PATHS, VALUE_RE, Mesh, Scalar
+from cpmatrix.matrix.schema import DTYPES, LEVELS, NAME_RE, PATHS, VALUE_RE, Mesh, Scalar
 
 __all__ = ["CellKey", "format_cell_id", "parse_cell_id", "render_value"]
 

@@ -1,4 +1,4 @@
-"""The matrix schema: frozen value objects, validated once by :mod:`cpmatrix.load`.
+"""The matrix schema: frozen value objects, validated once by :mod:`cpmatrix.matrix.load`.
 
 Nothing past the loader re-checks input; these classes only hold it.
 
@@ -262,7 +262,7 @@ class Cell:
     """One runnable combination: a target at fixed axis values on one platform.
 
     ``id`` is stable, human-readable, unique within a matrix, safe as a file name,
-    and parses back with :func:`cpmatrix.cellid.parse_cell_id`.
+    and parses back with :func:`cpmatrix.matrix.cellid.parse_cell_id`.
     """
 
     id: str
