@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.run.runners.base import get_runner
+from cpmatrix.run.runners import get_runner
 
 ROOT = Path(__file__).parent.parent
 SELECTION = ("(ring_attention and 2x2 and fp64 and n=5) or (layernorm and 1x2 and fp64 and n=5)"

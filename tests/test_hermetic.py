@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.run.runners.base import get_runner
+from cpmatrix.run.runners import get_runner
 
 RES = Path(__file__).parent / "resources"
 CELL_2X2 = "interfaces[unit,2x2,fp64,autocast=off,reference]@cpu"

@@ -166,7 +166,7 @@ targets: [{name: a, case: "m:f", level: unit, platforms: [cpu]}]
 
 
 def test_image_is_optional_and_a_platform_knows_where_it_is() -> None:
-    # Only the docker runner needs an image (cli_run.resolve_runner refuses it without);
+    # Only the docker runner needs an image (runners.resolve_runner refuses it without);
     # the local and sandbox runners run a platform that declares none.
     m = parse_matrix("""\
 version: 1

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.run.executors.world import free_port
-from cpmatrix.run.runners import image
-from cpmatrix.run.runners.base import Launch, get_runner, hermetic_env
+from cpmatrix.run.runners import Launch, get_runner, hermetic_env, image
 from cpmatrix.run.runners.docker import DockerRunner, container_argv, docker_run_argv
 from runner_probes import PROBE, SECRET, WORLD
 
@@ -138,7 +137,7 @@ def test_a_comma_in_a_path_is_refused() -> None:
 def test_unknown_platform_is_refused() -> None:
     with pytest.raises(ValueError, match="platform"):
         DockerRunner(image="x", platform="tpu")
-    assert isinstance(get_runner("docker", image="x"), DockerRunner)
+    assert isinstance(get_runner("docker"), DockerRunner)
 
 
 def test_engine_that_does_not_answer_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.run.executors.world import free_port
-from cpmatrix.run.runners.base import Launch, get_runner, hermetic_env
+from cpmatrix.run.runners import Launch, get_runner, hermetic_env
 from cpmatrix.run.runners.sandbox import (
     CELL_HOSTNAME,
     SandboxRunner,

@@ -12,7 +12,7 @@ from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.report.junit import read_junit_results
 from cpmatrix.run.plan import fit_to_devices
-from cpmatrix.run.runners.base import get_runner
+from cpmatrix.run.runners import get_runner
 from cpmatrix.run.session import run_cells
 
 RES = Path(__file__).parent / "resources"

@@ -200,7 +200,7 @@ def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     from cpmatrix.fsutil import atomic_write_json
     from cpmatrix.matrix.schema import Cell, Mesh, Platform
     from cpmatrix.run.executors.world import Entry, WorldOptions, WorldRun
-    from cpmatrix.run.runners.base import get_runner
+    from cpmatrix.run.runners import get_runner
 
     cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
                 kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,

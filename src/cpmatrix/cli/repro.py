@@ -89,9 +89,10 @@ class LogStreamer(threading.Thread):
 def cmd_repro(args: argparse.Namespace) -> int:
     from cpmatrix.cli import load_and_expand
     from cpmatrix.cli.console import format_summary
-    from cpmatrix.cli.run import make_world_options, resolve_runner
+    from cpmatrix.cli.run import make_world_options
     from cpmatrix.errors import ExitCode
     from cpmatrix.run.outdir import claim_out
+    from cpmatrix.run.runners import resolve_runner
     from cpmatrix.run.session import run_cells
     from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 

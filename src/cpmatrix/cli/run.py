@@ -27,7 +27,7 @@ from cpmatrix.run.cache import ActionKeys, ResultCache, default_cache_dir
 from cpmatrix.run.executors.world import WorldOptions
 from cpmatrix.run.outdir import OutClaim, claim_out
 from cpmatrix.run.plan import fit_to_devices, plan_batches
-from cpmatrix.run.runners.base import ENV_ALLOW, Runner, get_runner, runner_names
+from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner, runner_names
 from cpmatrix.run.session import load_durations, run_cells
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 from cpmatrix.run.toolchain import interpreter_identity
@@ -74,52 +74,6 @@ def _add_run_options(p: argparse.ArgumentParser, spill: bool = False) -> None:
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="result cache folder (default: $XDG_CACHE_HOME/cpmatrix)")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a TTY")
-
-
-def _no_image(platform: Platform) -> str | None:
-    """Why the docker runner cannot run ``platform`` (it runs the platform's image), or None."""
-    if platform.image is not None:
-        return None
-    where = f" ({platform.where})" if platform.where else ""
-    return f"platform {platform.name!r} declares no image{where}"
-
-
-def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
-    """The runner called ``name`` (``auto``: docker > sandbox > local) and why it was chosen.
-
-    Raises UsageError when the named runner cannot run here.
-    """
-    no_image = _no_image(platform)
-    if name == "docker" and no_image:
-        raise UsageError(f"--runner docker: {no_image}; add `image: docker/{platform.name}"
-                         ".Dockerfile` to it, or choose --runner local or sandbox")
-    if name != "auto":
-        try:
-            runner = (get_runner(name) if name == "local"
-                      else get_runner(name, platform=platform.name))
-        except (ValueError, ImportError) as exc:
-            raise UsageError(str(exc)) from None
-        why_not = runner.unavailable()
-        if why_not:
-            raise UsageError(f"--runner {name}: {why_not}")
-        return runner, "chosen with --runner"
-    reasons = []
-    for candidate in ("docker", "sandbox"):
-        if candidate == "docker" and no_image:
-            reasons.append(f"docker: {no_image}")
-            continue
-        try:
-            runner = get_runner(candidate, platform=platform.name)
-        except (ValueError, ImportError) as exc:
-            reasons.append(f"{candidate}: {exc}")
-            continue
-        why_not = runner.unavailable()
-        if why_not is None:
-            what = "a Docker engine answers and the image is built" if candidate == "docker" \
-                else "bubblewrap works here"
-            return runner, f"auto: {what}" + (f"; skipped {'; '.join(reasons)}" if reasons else "")
-        reasons.append(f"{candidate}: {why_not}")
-    return get_runner("local"), "auto: " + "; ".join(reasons)
 
 
 def make_world_options(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-__all__ = ["ENV_ALLOW", "Launch", "Runner", "get_runner", "hermetic_env", "runner_names"]
+__all__ = ["ENV_ALLOW", "Launch", "Runner", "hermetic_env"]
 
 #: Variables passed from the caller's environment to a cell; nothing else is.
 #: Secrets (tokens, keys, credentials) therefore never reach a cell, its logs or the report.
@@ -100,41 +100,3 @@ class Runner(Protocol):
 
     def cleanup(self, launch: Launch) -> None:
         """Called after the launched process group was killed (e.g. kill a container)."""
-
-
-class LocalRunner:
-    """torchrun as a plain subprocess with the hermetic environment."""
-
-    name = "local"
-    shares_pid_namespace = True
-
-    def unavailable(self) -> str | None:
-        return None
-
-    def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:
-        return list(launch.argv), dict(launch.env)
-
-    def identity(self) -> dict[str, str]:
-        return {"runner": "local"}
-
-    def cleanup(self, launch: Launch) -> None:
-        return None
-
-
-def runner_names() -> tuple[str, ...]:
-    return ("local", "sandbox", "docker")
-
-
-def get_runner(name: str, **options: str) -> Runner:
-    """The runner called ``name``; ValueError for an unknown one."""
-    if name == "local":
-        return LocalRunner()
-    if name == "sandbox":
-        from cpmatrix.run.runners.sandbox import SandboxRunner
-
-        return SandboxRunner(**options)
-    if name == "docker":
-        from cpmatrix.run.runners.docker import DockerRunner
-
-        return DockerRunner(**options)
-    raise ValueError(f"unknown runner {name!r} (allowed: {', '.join(runner_names())})")

@@ -1,0 +1,32 @@
+"""The local runner: torchrun as a plain subprocess with the hermetic environment.
+
+Example::
+
+    >>> LocalRunner().command(Launch(argv=("python", "-V"), env={"TZ": "UTC"}, cwd="/"))
+    (['python', '-V'], {'TZ': 'UTC'})
+"""
+
+from __future__ import annotations
+
+from cpmatrix.run.runners.base import Launch
+
+__all__ = ["LocalRunner"]
+
+
+class LocalRunner:
+    """torchrun as a plain subprocess with the hermetic environment."""
+
+    name = "local"
+    shares_pid_namespace = True
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:
+        return list(launch.argv), dict(launch.env)
+
+    def identity(self) -> dict[str, str]:
+        return {"runner": "local"}
+
+    def cleanup(self, launch: Launch) -> None:
+        return None
