@@ -19,8 +19,6 @@ own virtualenv too (mutmut and its dependencies stay out of the working environm
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,11 +42,9 @@ def _platforms() -> dict[str, dict[str, object]]:
 
 
 def _cuda_devices() -> int:
-    smi = shutil.which("nvidia-smi")
-    if smi is None or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        return 0
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    from cpmatrix.run.devices import visible_cuda_devices
+
+    return visible_cuda_devices()
 
 
 def _choose_runner(platform: str) -> tuple[str, str]:

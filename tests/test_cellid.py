@@ -15,7 +15,7 @@ from cpmatrix.matrix.cellid import CellKey, format_cell_id, parse_cell_id, rende
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.run.executors.world import cell_folder
+from cpmatrix.run.entry import cell_folder
 
 RESOURCES = Path(__file__).parent / "resources"
 FIXTURES = sorted(RESOURCES.glob("*.yaml"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from cpmatrix.report.junit import read_junit_results
+from cpmatrix.report import read_report
 
 RES = Path(__file__).parent / "resources"
 
@@ -36,9 +36,9 @@ def test_green_run_writes_a_complete_report(tmp_path: Path) -> None:
     # The report: valid JUnit, one suite per target, each cell once, properties.
     xml = JUnitXml.fromfile(str(out / "report.xml"))
     assert sorted(s.name for s in xml) == ["allreduce", "evidence"]
-    cases = read_junit_results(out / "report.xml")
-    assert len(cases) == 4 and len({c["name"] for c in cases}) == 4
-    ev = next(c for c in cases if c["name"].startswith("evidence"))["properties"]
+    cases = read_report(out / "report.xml")
+    assert len(cases) == 4 and len({c.name for c in cases}) == 4
+    ev = next(c for c in cases if c.name.startswith("evidence")).properties
     for key in ("cell_id", "digest", "platform", "mesh", "world_size", "dtype", "autocast",
                 "path", "level", "params", "duration", "status"):
         assert key in ev, key
@@ -58,7 +58,7 @@ def test_green_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert verify.returncode == 0, verify.stdout + verify.stderr
     # Durations are kept beside the results for the next plan.
     durations = json.loads((out / "durations.json").read_text())
-    assert set(durations) == {c["name"] for c in cases}
+    assert set(durations) == {c.name for c in cases}
 
 
 def test_nothing_selected_exits_3(tmp_path: Path) -> None:
@@ -130,11 +130,11 @@ def test_no_cuda_cell_fits_every_cell_is_reported_skipped_and_exits_3(tmp_path: 
     assert "2 cells not run: needs 2 GPUs (one per rank); 1 visible" in proc.stdout
     # Nothing was launched: no world folder, only the merged report's part for the skips.
     assert sorted(p.name for p in (out / "worlds").iterdir()) == ["skipped.junit.xml"]
-    cases = {c["name"]: c for c in read_junit_results(out / "report.xml")}
+    cases = {c.name: c for c in read_report(out / "report.xml")}
     assert set(cases) == {CUDA_IDS[k] for k in ("1x2", "2x2", "ev")}
     big = cases[CUDA_IDS["2x2"]]
-    assert big["properties"]["status"] == "skipped"
-    assert big["properties"]["world_size"] == "4"
+    assert big.properties["status"] == "skipped"
+    assert big.properties["world_size"] == "4"
     xml = (out / "report.xml").read_text()
     assert 'message="not run: needs 4 GPUs (one per rank); 1 visible"' in xml
     results = json.loads((out / "results.json").read_text())

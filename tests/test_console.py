@@ -20,8 +20,9 @@ def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:
         "d": Result(cell_id="d", status=Status.SKIPPED, message=why2),
         "e": Result(cell_id="e", status=Status.SKIPPED, message=why4),
     }
-    text = format_summary(RunReport(results=results, wall_s=1.0, world_starts=1,
-                                    report_path=Path("out/report.xml"), worlds=1), "out")
+    text = format_summary(RunReport(results=results, wall_s=1.0, planned={"world": 1},
+                                    starts={"world": 1}, report_path=Path("out/report.xml")),
+                          "out")
     lines = text.splitlines()
     assert "==== 1 not passed ====" in lines
     assert "FAILED b" in lines

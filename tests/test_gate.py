@@ -17,15 +17,13 @@ import pytest
 from cpmatrix.errors import SpecError
 from cpmatrix.gate import (
     Policy,
-    ReportCell,
-    ReportError,
     evaluate,
     expected_cells,
     gate_main,
     load_policies,
-    read_report,
 )
 from cpmatrix.gate._checks import check_drift, check_spill
+from cpmatrix.report import ReportCell, ReportError, read_report
 from cpmatrix.result import Status
 
 RES = Path(__file__).parent / "resources"

@@ -8,7 +8,7 @@ import doctest
 
 import pytest
 
-from cpmatrix.gate import Policy, ReportCell
+from cpmatrix.gate import Policy
 from cpmatrix.gate import _checks as checks
 from cpmatrix.gate._checks import (
     Reason,
@@ -19,6 +19,7 @@ from cpmatrix.gate._checks import (
     evaluate,
     max_errors,
 )
+from cpmatrix.report import ReportCell
 from cpmatrix.result import Status
 
 CELL = "t[unit,1x2,fp64,autocast=off,reference]@cpu"

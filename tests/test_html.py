@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 
-from cpmatrix.gate import ReportCell, read_report
+from cpmatrix.report import ReportCell, read_report
 from cpmatrix.report.html import render_html, write_html
 from cpmatrix.result import Status
 

@@ -1,4 +1,5 @@
-"""The README's parity section shows the code as it is: the table and the worked example."""
+"""The parity toolkit's reference (docs/parity.md) shows the code as it is: the table, the
+worked example and every public name."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from cpmatrix.parity import __all__ as public_names
 from cpmatrix.parity import table_markdown
 
 RES = Path(__file__).parent / "resources" / "parity"
-README = (Path(__file__).parent.parent / "README.md").read_text()
-# The README's "Parity toolkit" section, up to the next top-level section.
-SECTION = README.split("\n## Parity toolkit\n", 1)[1].split("\n## ", 1)[0]
+SECTION = (Path(__file__).parent.parent / "docs" / "parity.md").read_text()
 
 
 def test_tolerance_table_is_the_one_in_the_code() -> None:

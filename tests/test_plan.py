@@ -73,13 +73,18 @@ def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
 ) -> None:
     from dataclasses import replace
 
-    from cpmatrix.run.plan import fit_to_devices
+    from cpmatrix.matrix.schema import Platform
+    from cpmatrix.run.options import RunOptions
+    from cpmatrix.run.setup import devices_for
 
     cells = [cell("a1", "1x1", platform="cuda"), cell("b2", "1x2", platform="cuda"),
              cell("c4", "2x2", platform="cuda"), cell("cpu4", "2x2"),
              # a spill cell compiles without a device, whatever its mesh
              replace(cell("spill", "2x2", platform="cuda"), kind="spill")]
-    got, out = fit_to_devices(cells, device_platforms={"cuda"}, devices=devices)
+    platforms = {"cuda": Platform(name="cuda", backend="nccl", device="cuda"),
+                 "cpu": Platform(name="cpu", backend="gloo", device="cpu")}
+    pool, got, out, needs = devices_for(cells, platforms, RunOptions(gpus=devices))
+    assert (pool, needs) == (devices, True)
     assert [c.target for c in got] == fits
     assert {c.target: why for c, why in out} == {
         t: f"needs {n} GPUs (one per rank); {devices} visible" for t, n in left_out.items()}

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.cli.run import make_world_options
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
-from cpmatrix.report.junit import read_junit_results
-from cpmatrix.run.plan import fit_to_devices
+from cpmatrix.report import read_report
+from cpmatrix.run.options import RunOptions
 from cpmatrix.run.runners import get_runner
 from cpmatrix.run.session import run_cells
+from cpmatrix.run.setup import devices_for, make_context
 
 RES = Path(__file__).parent / "resources"
 
@@ -24,11 +24,11 @@ def test_skipped_cells_are_reported_beside_the_cells_that_ran(tmp_path: Path) ->
     cells = expand(matrix).cells
     run = [c for c in cells if c.platform == "cpu" and c.world_size == 1]
     wide = [c for c in cells if c.platform == "cuda" and c.world_size > 1]
-    _, skipped = fit_to_devices(wide, device_platforms={"cuda"}, devices=1)
+    platforms = {p.name: p for p in matrix.platforms}
+    _, _, skipped, _ = devices_for(wide, platforms, RunOptions(gpus=1))
     assert len(run) == 1 and len(skipped) == 3
     out = tmp_path / "out"
-    options = make_world_options(matrix, out, get_runner("local"), abort_grace=5.0,
-                                 run_id="test-skip")
+    options = make_context(matrix, out, get_runner("local"), RunOptions(), run_id="test-skip")
     seen: list[str] = []
     report = run_cells(run, {p.name: p for p in matrix.platforms}, options, skipped=skipped,
                        on_result=lambda entry, result: seen.append(entry.key))
@@ -38,10 +38,10 @@ def test_skipped_cells_are_reported_beside_the_cells_that_ran(tmp_path: Path) ->
     assert seen == [run[0].id]
     assert {k: r.status.value for k, r in report.results.items()} == {
         run[0].id: "passed", **{c.id: "skipped" for c, _ in skipped}}
-    cases = {c["name"]: c for c in read_junit_results(out / "report.xml")}
-    assert cases[run[0].id]["properties"]["status"] == "passed"
+    cases = {c.name: c for c in read_report(out / "report.xml")}
+    assert cases[run[0].id].properties["status"] == "passed"
     for c, why in skipped:
-        props = cases[c.id]["properties"]
+        props = cases[c.id].properties
         assert props["status"] == "skipped" and props["world_size"] == str(c.world_size)
         assert props["message"] == f"not run: {why}"
     results = json.loads((out / "results.json").read_text())

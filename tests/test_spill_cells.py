@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.report.junit import read_junit_results
+from cpmatrix.report import read_report
 
 RES = Path(__file__).parent / "resources"
 FITS = "fits[unit,1x1,fp32,autocast=off,kernel,config=b1024,arch={arch}]@cpu"
@@ -46,7 +46,7 @@ def test_spill_gate_passes_fits_fails_spills_and_caches(tmp_path: Path) -> None:
     assert "> budget 0" in bad["message"] and "registers" in bad["message"]
     assert f"FAILED {SPILLS}" in proc.stdout
     # The report carries the numbers as properties.
-    props = {c["name"]: c["properties"] for c in read_junit_results(out / "report.xml")}
+    props = {c.name: c.properties for c in read_report(out / "report.xml")}
     assert int(props[SPILLS]["evidence.spill_load_bytes"]) > 0
     # Nothing changed: passes come from the result cache, and the failing cell is
     # re-gated from the compile cache (nothing compiles again).
@@ -64,7 +64,7 @@ def test_run_reports_spill_and_parity_cells_together(tmp_path: Path) -> None:
     proc = cli("run", "--matrix", str(RES / "spill.yaml"), "-k", "fits or parity",
                "--out", str(out), "--plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    names = {c["name"] for c in read_junit_results(out / "report.xml")}
+    names = {c.name for c in read_report(out / "report.xml")}
     assert names == {FITS.format(arch="sm_80"), FITS.format(arch="sm_90a"),
                      "parity[unit,1x1,fp64,autocast=off,reference]@cpu"}
 

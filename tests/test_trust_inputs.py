@@ -15,7 +15,8 @@ from junitparser import JUnitXml
 
 from cpmatrix.cli import main
 from cpmatrix.errors import SpecError
-from cpmatrix.gate import gate_main, load_policies, read_report
+from cpmatrix.gate import gate_main, load_policies
+from cpmatrix.report import read_report
 from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.cache import ResultCache
@@ -197,32 +198,36 @@ def test_a_report_with_control_characters_everywhere_is_written_and_read(
 
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
-    from cpmatrix.fsutil import atomic_write_json
     from cpmatrix.matrix.schema import Cell, Mesh, Platform
-    from cpmatrix.run.executors.world import Entry, WorldOptions, WorldRun
+    from cpmatrix.remote.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
+    from cpmatrix.run.context import RunContext
+    from cpmatrix.run.entry import Entry
+    from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners import get_runner
 
     cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
                 kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,
                 path="reference", params=(), platform="cpu", timeout_s=60, tags=())
-    platform = Platform(name="cpu", backend="gloo", device="cpu", image="")
-    world = WorldRun("000-w", [Entry(cell=cell)], platform,
-                     WorldOptions(out_root=tmp_path, runner=get_runner("local"), run_id="mine"))
-    done = {"index": 0, "id": cell.id, "status": "ok", "evidence": {"x": 1}}
-    for rank in (0, 1):
-        atomic_write_json(world.progress / f"0.r{rank}.start", {"time": 0, "run": "other"})
-        atomic_write_json(world.progress / f"0.r{rank}.done", {**done, "rank": rank,
-                                                               "run": "other"})
-        atomic_write_json(world.dir / f"rank{rank}.pid", {"pid": 1, "rank": rank, "run": "other"})
-    world._read_progress()
-    world._collect_complete()
-    assert world.results == [] and world._pids == {}, "another run's files were read"
+    platform = Platform(name="cpu", backend="gloo", device="cpu")
+
+    def world_with_files(run: str) -> WorldRun:
+        world = WorldRun("000-w", [Entry(cell=cell)], platform,
+                         RunContext(out_root=tmp_path / run, runner=get_runner("local"),
+                                    run_id="mine"))
+        folder = world.progress.folder
+        for rank in (0, 1):
+            write_typed(folder / marker_name(0, rank, "start"),
+                        StartMarker(index=0, rank=rank, id=cell.id, run=run, time=0.0))
+            write_typed(folder / marker_name(0, rank, "done"),
+                        Outcome(index=0, rank=rank, id=cell.id, run=run, status="ok",
+                                evidence={"x": 1}))
+            write_typed(world.dir / f"rank{rank}.pid", PidFile(pid=1, rank=rank, run=run))
+        world._read_progress()
+        world._collect_complete()
+        return world
+
+    foreign = world_with_files("other")
+    assert foreign.results == [] and foreign._pids == {}, "another run's files were read"
     # The same files written by this run are read (the check above is not vacuous).
-    world2 = WorldRun("000-w", [Entry(cell=cell)], platform,
-                      WorldOptions(out_root=tmp_path, runner=get_runner("local"), run_id="mine"))
-    for rank in (0, 1):
-        atomic_write_json(world2.progress / f"0.r{rank}.done", {**done, "rank": rank,
-                                                                "run": "mine"})
-    world2._read_progress()
-    world2._collect_complete()
-    assert [r.status for _, r in world2.results] == [Status.PASSED]
+    own = world_with_files("mine")
+    assert [r.status for _, r in own.results] == [Status.PASSED] and own._pids == {0: 1, 1: 1}

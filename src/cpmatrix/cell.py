@@ -26,11 +26,17 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["CellContext", "EvidenceValue", "seed_for"]
+__all__ = ["MESH_DIMS", "TORCH_DTYPES", "CellContext", "EvidenceValue", "seed_for"]
 
 EvidenceValue = int | float | str | bool
+
+#: The names of a cell's mesh dims: ``cell.mesh["cp0"]`` (rows), ``cell.mesh["cp1"]`` (cols).
+MESH_DIMS: Final = ("cp0", "cp1")
+#: The dtype axis' values and the ``torch`` dtype each names (the one table of them).
+TORCH_DTYPES: Final = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16",
+                       "fp16": "float16"}
 
 #: Longest string accepted by ``record``: evidence is numbers or short notes.
 MAX_EVIDENCE_CHARS = 2000

@@ -15,7 +15,30 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["FailureKind", "RankFailure", "Result", "Status"]
+__all__ = ["MUTANT_MARK", "FailureKind", "RankFailure", "Result", "Status", "split_testcase_name",
+           "testcase_name"]
+
+#: Separates a cell id from the mutant switched on in a testcase name.
+MUTANT_MARK = "!mutant="
+
+
+def testcase_name(cell_id: str, mutant: str = "") -> str:
+    """A cell's name in a report; a mutant run is its own testcase.
+
+    >>> testcase_name("t[unit,1x1,fp64,autocast=off,reference]@cpu", "bug")
+    't[unit,1x1,fp64,autocast=off,reference]@cpu!mutant=bug'
+    """
+    return f"{cell_id}{MUTANT_MARK}{mutant}" if mutant else cell_id
+
+
+def split_testcase_name(name: str) -> tuple[str, str]:
+    """``(cell id, mutant)`` of a testcase name (mutant ``""`` for a plain run).
+
+    >>> split_testcase_name("t@cpu!mutant=bug")
+    ('t@cpu', 'bug')
+    """
+    cell_id, _, mutant = name.partition(MUTANT_MARK)
+    return cell_id, mutant
 
 
 class Status(StrEnum):

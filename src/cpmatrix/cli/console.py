@@ -10,7 +10,7 @@ import sys
 from typing import Any, TextIO
 
 from cpmatrix.result import Result, Status
-from cpmatrix.run.executors.world import Entry
+from cpmatrix.run.entry import Entry
 from cpmatrix.run.session import RunReport
 
 __all__ = ["Progress", "format_summary"]

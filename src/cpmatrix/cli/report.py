@@ -1,9 +1,8 @@
-"""``cpmatrix gate`` and ``cpmatrix report``: decisions and views from a merged report.
+"""``cpmatrix report``: a merged report.xml as one self-contained HTML page.
 
 Example::
 
-    $ cpmatrix gate --policy release --report out/parity-cpu/report.xml --baseline old.xml
-    $ cpmatrix report --report out/parity-cpu/report.xml      # -> out/parity-cpu/report.html
+    $ cpmatrix report --report out/parity-cpu      # -> out/parity-cpu/report.html
 """
 
 from __future__ import annotations
@@ -14,32 +13,20 @@ from pathlib import Path
 
 from cpmatrix.errors import ExitCode
 
-__all__ = ["add_report_parsers", "cmd_gate", "cmd_report"]
+__all__ = ["add_parsers", "run"]
 
 
-def add_report_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    g = sub.add_parser("gate", help="decide a release from a merged report (matrix/gates.yaml)")
-    g.add_argument("--policy", required=True, help="a policy name in the gates file")
-    g.add_argument("--report", required=True, type=Path, help="a merged report.xml")
-    g.add_argument("--baseline", type=Path, default=None,
-                   help="an earlier report.xml: flag cells whose error grew (numerical drift)")
-    g.add_argument("--gates", type=Path, default=Path("matrix/gates.yaml"),
-                   help="the policies file (default: %(default)s)")
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r = sub.add_parser("report", help="render a merged report.xml as one self-contained HTML page")
     r.add_argument("--report", type=Path, default=Path("out/parity-cpu/report.xml"),
                    help="a merged report.xml, or the run's output folder (default: %(default)s)")
     r.add_argument("--out", type=Path, default=None,
                    help="the HTML file (default: report.html beside the report)")
+    r.set_defaults(handler=run)
 
 
-def cmd_gate(args: argparse.Namespace) -> int:
-    from cpmatrix.gate import gate_main
-
-    return gate_main(args.policy, args.report, args.baseline, args.gates)
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from cpmatrix.gate import ReportError
+def run(args: argparse.Namespace) -> int:
+    from cpmatrix.report import ReportError
     from cpmatrix.report.html import write_html
 
     report: Path = args.report

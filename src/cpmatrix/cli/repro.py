@@ -22,16 +22,29 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["LogStreamer", "add_repro_parser", "cmd_repro"]
+from cpmatrix.cli.common import DEFAULT_MATRIX, load_and_expand
+from cpmatrix.cli.console import format_summary
+from cpmatrix.errors import ExitCode
+from cpmatrix.run.options import RunOptions, add_run_arguments
+from cpmatrix.run.outdir import claim_out
+from cpmatrix.run.session import run_cells
+from cpmatrix.run.setup import prepare_run
+from cpmatrix.run.stopping import exit_code_for, stop_on_signals
+
+__all__ = ["LogStreamer", "add_parsers", "run"]
+
+#: Settings that mean nothing for one cell run once (the cache too: a repro always runs).
+_NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "no_cache",
+                  "cache_dir", "plain")
 
 
-def add_repro_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("repro", help="rerun exactly one cell, streaming its output")
     p.add_argument("cell_id")
-    p.add_argument("--matrix", default="matrix/parity.yaml")
-    p.add_argument("--runner", default="local", help="local | sandbox | docker | auto")
-    p.add_argument("--out", default=None, help="output folder (default: out/repro)")
+    p.add_argument("--matrix", default=DEFAULT_MATRIX)
     p.add_argument("--mutant", default="", help="switch this declared mutant on")
+    add_run_arguments(p, exclude=_NOT_FOR_REPRO)
+    p.set_defaults(handler=run, out="out/repro", no_cache=True, plain=True)
 
 
 class LogStreamer(threading.Thread):
@@ -86,39 +99,37 @@ class LogStreamer(threading.Thread):
         self.join(timeout=5)
 
 
-def cmd_repro(args: argparse.Namespace) -> int:
-    from cpmatrix.cli import load_and_expand
-    from cpmatrix.cli.console import format_summary
-    from cpmatrix.cli.run import make_world_options
-    from cpmatrix.errors import ExitCode
-    from cpmatrix.run.outdir import claim_out
-    from cpmatrix.run.runners import resolve_runner
-    from cpmatrix.run.session import run_cells
-    from cpmatrix.run.stopping import exit_code_for, stop_on_signals
-
+def run(args: argparse.Namespace) -> int:
+    """The same setup as ``cpmatrix run`` (runner, interpreter, devices), for one cell."""
+    options = RunOptions.from_namespace(args)
     matrix, expansion = load_and_expand(args.matrix)
     cell = next((c for c in expansion.cells if c.id == args.cell_id), None)
     if cell is None:
         print(f"no cell {args.cell_id!r} in {args.matrix} (see `cpmatrix list`)", file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
-    platforms = {p.name: p for p in matrix.platforms}
-    runner, why = resolve_runner(args.runner, platforms[cell.platform])
-    print(f"runner: {runner.name} ({why})")
-    out = Path(args.out or "out/repro").resolve()
+    out = Path(options.out).resolve()
     claim = claim_out(out)
-    options = make_world_options(matrix, out, runner, abort_grace=5.0, run_id=claim.run_id)
-    paste = [
-        "cpmatrix", "repro", cell.id, "--matrix", args.matrix, "--runner", runner.name,
-    ] + (["--mutant", args.mutant] if args.mutant else [])
-    print(f"repro: {shlex.join(paste)}")
-    streamer = LogStreamer(out / "worlds", sys.stdout)
-    mutants = {cell.id: [args.mutant]} if args.mutant else None
-    streamer.start()
     try:
-        with stop_on_signals() as stopper:
-            report = run_cells([cell], platforms, options, mutants=mutants, stopper=stopper)
+        prepared = prepare_run(options, matrix, [cell], claim)
+        if not prepared.cells:
+            (_, why), = prepared.skipped
+            print(f"{cell.id}: cannot run here: {why}", file=sys.stderr)
+            return ExitCode.USAGE
+        print(f"runner: {prepared.runner.name} ({prepared.why_runner})")
+        paste = ["cpmatrix", "repro", cell.id, "--matrix", args.matrix,
+                 "--runner", prepared.runner.name] + (
+                     ["--mutant", args.mutant] if args.mutant else [])
+        print(f"repro: {shlex.join(paste)}")
+        streamer = LogStreamer(out / "worlds", sys.stdout)
+        mutants = {cell.id: [args.mutant]} if args.mutant else None
+        streamer.start()
+        try:
+            with stop_on_signals() as stopper:
+                report = run_cells([cell], prepared.platforms, prepared.context,
+                                   devices=prepared.devices, mutants=mutants, stopper=stopper)
+        finally:
+            streamer.stop()
     finally:
-        streamer.stop()
         claim.release()
     print(format_summary(report, str(out)))
     if report.stopped_by is not None:

@@ -25,6 +25,7 @@ Example::
 
 From Python, :func:`evaluate` is the pure core (cells in, reasons out)::
 
+    >>> from cpmatrix.report import ReportCell
     >>> cell = ReportCell(name="t[unit,1x1,fp64,autocast=off,reference]@cpu",
     ...                   status=Status.FLAKY, properties={"tags": "release"})
     >>> [r.check for r in evaluate(Policy(name="release", tags=("release",)), [cell]).reasons]
@@ -41,7 +42,7 @@ from pathlib import Path
 from cpmatrix.errors import ExitCode, SpecError, UsageError
 from cpmatrix.gate._checks import CHECKS, GateResult, Reason, evaluate
 from cpmatrix.gate._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, load_policies
-from cpmatrix.gate._report import ReportCell, ReportError, read_report
+from cpmatrix.report.read import ReportError, read_report
 from cpmatrix.result import Status
 
 __all__ = [
@@ -49,14 +50,11 @@ __all__ = [
     "GateResult",
     "Policy",
     "Reason",
-    "ReportCell",
-    "ReportError",
     "evaluate",
     "expected_cells",
     "format_gate",
     "gate_main",
     "load_policies",
-    "read_report",
 ]
 
 

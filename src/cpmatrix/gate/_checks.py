@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cpmatrix.gate._policy import Policy
-from cpmatrix.gate._report import ReportCell
+from cpmatrix.report.read import ReportCell
 from cpmatrix.result import Status
 
 __all__ = ["CHECKS", "GateResult", "Reason", "check_drift", "check_mutants", "check_spill",

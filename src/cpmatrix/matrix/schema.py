@@ -16,7 +16,9 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
+
+from cpmatrix.cell import TORCH_DTYPES
 
 __all__ = [
     "AUTOCAST",
@@ -43,7 +45,7 @@ __all__ = [
 Scalar = str | int | float | bool
 
 LEVELS: Final = ("unit", "layer", "module", "workflow")
-DTYPES: Final = ("fp64", "fp32", "bf16", "fp16")
+DTYPES: Final = tuple(TORCH_DTYPES)  # fp64, fp32, bf16, fp16
 AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
 #: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
@@ -288,6 +290,11 @@ class Cell:
     @property
     def world_size(self) -> int:
         return self.mesh.world_size
+
+    def spill_spec(self) -> dict[str, Any]:
+        """A spill cell's compile spec (``SpillBlock.for_cell``); ``{}`` for other kinds."""
+        spec: dict[str, Any] = json.loads(self.spill) if self.spill else {}
+        return spec
 
     def to_dict(self) -> dict[str, object]:
         """The ``list --json`` view (also what a world file carries to the worker)."""

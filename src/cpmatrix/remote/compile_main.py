@@ -3,9 +3,9 @@ must not see ``TRITON_INTERPRET``). Standard library + :mod:`cpmatrix.spill` onl
 
     python -m cpmatrix.remote.compile_main JOB.json
 
-``JOB.json``: ``{"cells": [{"id", "spill": {...}}], "progress": DIR, "cache_dir": DIR|null,
-"search_path": [...]}``. For each cell, ``DIR/<i>.start`` then ``DIR/<i>.done`` (atomic)
-with the verdict and the measured numbers.
+``JOB.json`` is a :class:`~cpmatrix.remote.protocol.CompileJob`; for each cell it writes
+the same typed markers a world's rank 0 does (:mod:`cpmatrix.remote.protocol`): a start
+marker, then an outcome with the verdict and the measured numbers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cpmatrix.fsutil import atomic_write_json, read_json
+from cpmatrix.remote.procs import set_parent_death_signal
+from cpmatrix.remote.protocol import (
+    CompileJob,
+    Outcome,
+    StartMarker,
+    marker_name,
+    read_typed,
+    write_typed,
+)
 from cpmatrix.spill import SpillError, SpillSpec, compile_and_measure
 
 
@@ -50,27 +58,34 @@ def build_spec(spill: dict[str, Any], search_path: list[str]) -> SpillSpec:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    job = read_json(args[0])
-    progress = Path(job["progress"])
-    cache_dir = Path(job["cache_dir"]) if job.get("cache_dir") else None
-    search_path = list(job.get("search_path", []))
-    for i, cell in enumerate(job["cells"]):
-        atomic_write_json(progress / f"{i}.start", {"id": cell["id"], "time": time.time()})
+    job = read_typed(args[0], CompileJob) if len(args) == 1 else None
+    if job is None:
+        print("usage: python -m cpmatrix.remote.compile_main JOB.json (a CompileJob)",
+              file=sys.stderr)
+        return 2
+    set_parent_death_signal()
+    progress = Path(job.progress)
+    cache_dir = Path(job.cache_dir) if job.cache_dir else None
+    for i, cell in enumerate(job.cells):
+        write_typed(progress / marker_name(i, 0, "start"),
+                    StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))
         t0 = time.monotonic()
-        out: dict[str, Any] = {"id": cell["id"]}
+        fields: dict[str, Any] = {}
         try:
-            spec = build_spec(cell["spill"], search_path)
-            report = compile_and_measure(spec, cache_dir=cache_dir, search_path=search_path)
+            spec = build_spec(cell.spill or {}, job.search_path)
+            report = compile_and_measure(spec, cache_dir=cache_dir, search_path=job.search_path)
             verdict = report.verdict()
-            out.update(status="ok" if verdict.passed else "error", message=verdict.message,
-                       evidence=report.evidence())
+            fields = {"status": "ok" if verdict.passed else "error", "message": verdict.message,
+                      "evidence": report.evidence(), "check": "" if verdict.passed else "spill"}
         except SpillError as exc:
-            out.update(status="error", message=f"SpillError: {exc}", evidence={})
+            fields = {"status": "error", "message": f"SpillError: {exc}", "check": "spill"}
         except Exception as exc:  # a bug in the gate itself: report, keep going
-            out.update(status="error", message=f"{type(exc).__name__}: {exc}",
-                       traceback=traceback.format_exc(), evidence={})
-        out["duration_s"] = time.monotonic() - t0
-        atomic_write_json(progress / f"{i}.done", out)
+            fields = {"status": "error", "message": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc(), "check": "spill"}
+        duration = time.monotonic() - t0
+        write_typed(progress / marker_name(i, 0, "done"), Outcome(
+            index=i, rank=0, id=cell.id, run=job.run_id, duration_s=duration,
+            case_s=duration, end_time=time.time(), **fields))
     return 0
 
 

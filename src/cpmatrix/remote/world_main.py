@@ -2,24 +2,20 @@
 
 Usage (the supervisor builds this command)::
 
-    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.remote.world_main WORLD.json
+    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.remote.world_main W.json
 
-Imports only the standard library, torch and the small worker-side part of cpmatrix
-(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`~cpmatrix.remote.isolation`,
-:mod:`~cpmatrix.remote.procs`), so start-up stays cheap and a crash here is easy to read.
+Imports only the standard library, torch and the worker-side part of cpmatrix
+(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`cpmatrix.remote`), so start-up stays
+cheap and a crash here is easy to read.
 
-Protocol with the supervisor (all files under the world folder, all written atomically):
-
-- ``rank<R>.pid``            this rank's pid (so the supervisor can signal it)
-- ``rank<R>.log``            this rank's stdout+stderr
-- ``progress/<i>.r<R>.start`` written *before* cell ``i`` runs: id, time, log offset
-- ``progress/<i>.r<R>.done``  written *before* any cross-rank step after the case:
-                              status, traceback, evidence, timings
-
-Every marker carries the run's id (``run``): the supervisor ignores a file that is not
-its own run's. After each cell the process state is restored (:mod:`cpmatrix.remote.isolation`);
-when a case changed what cannot be restored, every rank leaves the loop after the
-barrier and exits 0, and the supervisor runs the remaining cells in a fresh world.
+The files it reads and writes are the typed ones of :mod:`cpmatrix.remote.protocol`: the
+:class:`~cpmatrix.remote.protocol.WorldSpec` job file; per rank a
+:class:`~cpmatrix.remote.protocol.PidFile` and its log (``rank<R>.log``, stdout+stderr);
+per cell and rank a :class:`~cpmatrix.remote.protocol.StartMarker` *before* the cell runs
+and an :class:`~cpmatrix.remote.protocol.Outcome` *before* any cross-rank step after it.
+After each cell the process state is restored (:mod:`cpmatrix.remote.isolation`); when a
+case changed what cannot be restored, every rank leaves the loop after the barrier and
+exits 0, and the supervisor runs the remaining cells in a fresh world.
 
 The world group is never used by cases: each cell gets a fresh DeviceMesh whose groups
 are destroyed in ``finally``, so a half-finished collective of one cell can never be
@@ -28,6 +24,7 @@ matched by the next cell's.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import faulthandler
 import importlib
@@ -41,16 +38,23 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from cpmatrix.cell import CellContext, seed_for
-from cpmatrix.fsutil import atomic_write_json, read_json
+from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
 from cpmatrix.remote.procs import (
     descendants,
     kill_all,
     set_child_subreaper,
     set_parent_death_signal,
 )
-
-DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from cpmatrix.remote.protocol import (
+    CellSpec,
+    Outcome,
+    PidFile,
+    StartMarker,
+    WorldSpec,
+    marker_name,
+    read_typed,
+    write_typed,
+)
 
 
 def _redirect_output(log_path: Path) -> TextIO:
@@ -138,7 +142,7 @@ def _clear_dtensor_caches() -> None:
 def _destroy_mesh(mesh: Any) -> None:
     import torch.distributed as dist
 
-    for dim in ("cp0", "cp1"):
+    for dim in MESH_DIMS:
         try:
             group = mesh.get_group(dim)
         except Exception:  # the mesh never finished building
@@ -152,9 +156,9 @@ def _destroy_mesh(mesh: Any) -> None:
 
 
 def run_cell(
-    world: dict[str, Any], index: int, spec: dict[str, Any], rank: int,
+    world: WorldSpec, index: int, spec: CellSpec, rank: int,
     meshes: dict[tuple[int, int], Any] | None = None,
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[Outcome, Any]:
     """Run one cell on this rank; return its outcome and its mesh (never raises).
 
     The mesh's groups are NOT destroyed here: a rank that is done must not tear down
@@ -165,49 +169,34 @@ def run_cell(
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    cell = spec["cell"]
-    rows, cols = (int(x) for x in cell["mesh"].split("x"))
-    out_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
+    out_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    seed = seed_for(cell["id"])
+    seed = seed_for(spec.id)
     started = time.time()
-    outcome: dict[str, Any] = {"index": index, "id": cell["id"], "rank": rank, "status": "ok"}
+    failure: dict[str, str] = {}
     ctx: CellContext | None = None
     mesh = None
-    case_s = 0.0
+    setup_s = case_s = 0.0
     try:
         _reseed(seed)
-        device_type = world["device"]
-        if device_type == "cuda":
+        if world.device == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
         else:
             device = torch.device("cpu")
-        mesh = (meshes or {}).get((rows, cols))
+        shape = (spec.rows, spec.cols)
+        mesh = (meshes or {}).get(shape)
         if mesh is None:
-            mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("cp0", "cp1"))
-        outcome["setup_s"] = time.time() - started
-        case, case_file = _import_case(cell["case"], spec.get("case_file", ""))
+            mesh = init_device_mesh(world.device, shape, mesh_dim_names=MESH_DIMS)
+        setup_s = time.time() - started
+        case, case_file = _import_case(spec.case, spec.case_file)
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed)
         ctx = CellContext(
-            id=cell["id"],
-            rank=rank,
-            world_size=rows * cols,
-            mesh=mesh,
-            device=device,
-            backend=world["backend"],
-            dtype=getattr(torch, DTYPES[cell["dtype"]]),
-            dtype_name=cell["dtype"],
-            autocast=bool(cell["autocast"]),
-            path=cell["path"],
-            level=cell["level"],
-            params=dict(cell["params"]),
-            seed=seed,
-            generator=generator,
-            out_dir=out_dir,
-            platform=cell["platform"],
-            target=cell["target"],
-            mutant=spec.get("mutant"),
+            id=spec.id, rank=rank, world_size=spec.world_size, mesh=mesh, device=device,
+            backend=world.backend, dtype=getattr(torch, TORCH_DTYPES[spec.dtype]),
+            dtype_name=spec.dtype, autocast=spec.autocast, path=spec.path, level=spec.level,
+            params=dict(spec.params), seed=seed, generator=generator, out_dir=out_dir,
+            platform=spec.platform, target=spec.target, mutant=spec.mutant or None,
         )
         ctx.record("case_file", case_file)  # which file ran: the one the digest covers
         t0 = time.perf_counter()
@@ -218,22 +207,22 @@ def run_cell(
     except BaseException as exc:  # a case may raise anything; SystemExit too is a failure
         if isinstance(exc, KeyboardInterrupt):
             raise
-        outcome.update(
-            status="error",
-            exc_type=type(exc).__name__,
-            message=f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc(),
-            check=str(getattr(exc, "check", "") or ""),
-        )
+        failure = {"exc_type": type(exc).__name__, "message": f"{type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc(),
+                   "check": str(getattr(exc, "check", "") or "")}
         # Print it too: the rank's log is the first place people look.
-        print(f"cpmatrix.remote.world_main: cell {cell['id']} failed on rank {rank}:\n"
-              f"{outcome['traceback']}", file=sys.stderr)
+        print(f"cpmatrix worker: cell {spec.id} failed on rank {rank}:\n"
+              f"{failure['traceback']}", file=sys.stderr)
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    outcome["evidence"] = dict(ctx.evidence) if ctx is not None else {}
-    outcome["case_s"] = case_s
-    outcome["duration_s"] = time.time() - started
+    outcome = Outcome(
+        index=index, rank=rank, id=spec.id, run=world.run_id,
+        status="error" if failure else "ok", exc_type=failure.get("exc_type", ""),
+        message=failure.get("message", ""), traceback=failure.get("traceback", ""),
+        check=failure.get("check", ""), evidence=dict(ctx.evidence) if ctx is not None else {},
+        setup_s=setup_s, case_s=case_s, duration_s=time.time() - started,
+    )
     return outcome, mesh
 
 
@@ -321,87 +310,82 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m cpmatrix.remote.world_main WORLD.json", file=sys.stderr)
         return 2
-    world = read_json(args[0])
-    _guard_parent(int(world.get("supervisor_pid", 0)))
+    world = read_typed(args[0], WorldSpec)
+    if world is None:
+        print(f"cpmatrix worker: {args[0]}: not a world file", file=sys.stderr)
+        return 2
+    _guard_parent(world.supervisor_pid)
     # Orphans of this rank's case (double forks, daemons) come back to us, and die with us.
     set_child_subreaper()
-    world_dir = Path(world["dir"])
-    run_id = str(world.get("run_id", ""))
+    world_dir = Path(world.dir)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     log = _redirect_output(world_dir / f"rank{rank}.log")
     faulthandler.enable(file=log, all_threads=True)  # segfaults leave a stack in the log
     progress = world_dir / "progress"
     progress.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(world_dir / f"rank{rank}.pid",
-                      {"pid": os.getpid(), "rank": rank, "run": run_id})
-    _fix_sys_path(list(world.get("pythonpath", [])))
+    write_typed(world_dir / f"rank{rank}.pid", PidFile(pid=os.getpid(), rank=rank,
+                                                       run=world.run_id))
+    _fix_sys_path(list(world.pythonpath))
 
     import torch
     import torch.distributed as dist
 
     from cpmatrix.remote.isolation import CellIsolation
 
-    if world["device"] == "cuda":
+    if world.device == "cuda":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(
-        backend=world["backend"],
-        timeout=datetime.timedelta(seconds=float(world["pg_timeout_s"])),
-    )
+    timeout = datetime.timedelta(seconds=world.pg_timeout_s)
+    dist.init_process_group(backend=world.backend, timeout=timeout)
     world_size = dist.get_world_size()
     store = dist.TCPStore(  # type: ignore[attr-defined]  # public, not re-exported in stubs
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=datetime.timedelta(seconds=float(world["pg_timeout_s"])),
+        timeout=timeout,
     )
     meshes: dict[tuple[int, int], Any] = {}
     dumper = _StackDumper(world_dir / "dump.request")
     threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
-    isolation = CellIsolation(project_roots=world.get("project_roots", []))
+    isolation = CellIsolation(project_roots=world.project_roots)
     try:
-        for index, spec in enumerate(world["cells"]):
-            cell_dir = Path(world["out_root"], spec["out_dir"], f"rank{rank}")
+        for index, spec in enumerate(world.cells):
+            cell_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
             cell_dir.mkdir(parents=True, exist_ok=True)
             # On timeout the supervisor asks for stacks: they land in the cell's folder.
             dumper.switch(cell_dir / "stacks.txt")
-            atomic_write_json(
-                progress / f"{index}.r{rank}.start",
-                {"id": spec["cell"]["id"], "time": time.time(), "log_offset": _log_offset(),
-                 "run": run_id},
-            )
+            write_typed(progress / marker_name(index, rank, "start"), StartMarker(
+                index=index, rank=rank, id=spec.id, run=world.run_id, time=time.time(),
+                log_offset=_log_offset()))
             isolation.before_cell()
             outcome, mesh = run_cell(world, index, spec, rank, meshes)
             problems = isolation.after_cell()
             if problems:
-                _blame_state(outcome, problems, spec["cell"]["id"], rank)
-            outcome["log_end"] = _log_offset()
-            outcome["end_time"] = time.time()
-            outcome["run"] = run_id
-            atomic_write_json(progress / f"{index}.r{rank}.done", outcome)
+                outcome = _blame_state(outcome, problems)
+            outcome = dataclasses.replace(outcome, log_end=_log_offset(), end_time=time.time())
+            write_typed(progress / marker_name(index, rank, "done"), outcome)
             t_b = time.perf_counter()
-            status = "recycle" if problems else ("ok" if outcome["status"] == "ok" else "error")
-            clean, recycle = _barrier(store, index, rank, world_size,
-                                      float(world["pg_timeout_s"]), status)
+            status = "recycle" if problems else ("ok" if outcome.ok else "error")
+            clean, recycle = _barrier(store, index, rank, world_size, world.pg_timeout_s,
+                                      status)
             t_d = time.perf_counter()
             if recycle:
                 # What the case changed cannot be undone here: no later cell may run in
                 # this process. Every rank leaves; the supervisor starts a fresh world.
                 break
-            rows, cols = (int(x) for x in spec["cell"]["mesh"].split("x"))
-            key = (rows, cols)
+            shape = (spec.rows, spec.cols)
             if mesh is not None and clean:
                 # Every rank passed: no collective can be pending on this mesh, so the
                 # next cell of this shape reuses it (a mesh costs ~25-40 ms on 9 ranks).
-                meshes[key] = mesh
+                meshes[shape] = mesh
             elif mesh is not None:
                 # A failed cell may have left half-done collectives: its mesh goes, and
                 # DTensor's caches with it (they would resolve the destroyed groups).
-                meshes.pop(key, None)
+                meshes.pop(shape, None)
                 _destroy_mesh(mesh)
                 _clear_dtensor_caches()
             if os.environ.get("CPMATRIX_PROFILE"):
                 print(f"PROFILE barrier={1000*(t_d-t_b):.1f}ms "
                       f"teardown={1000*(time.perf_counter()-t_d):.1f}ms "
-                      f"setup={1000*outcome.get('setup_s', 0):.1f}ms", file=sys.stderr)
+                      f"setup={1000*outcome.setup_s:.1f}ms", file=sys.stderr)
     finally:
         for mesh in meshes.values():
             _destroy_mesh(mesh)
@@ -414,17 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _blame_state(outcome: dict[str, Any], problems: list[str], cell_id: str,
-                 rank: int) -> None:
+def _blame_state(outcome: Outcome, problems: list[str]) -> Outcome:
     """Fail the cell that changed what cannot be restored (check ``process_state``)."""
     message = "process_state: " + "; ".join(problems)
-    if outcome["status"] == "ok":
-        outcome.update(status="error", exc_type="ProcessStateError", message=message,
-                       traceback="", check="process_state")
-    else:  # keep the case's own error first; the state problem is part of the story
-        outcome["message"] = f"{outcome['message']}; {message}"
-    print(f"cpmatrix.remote.world_main: cell {cell_id} on rank {rank}: {message}; the world is "
-          "recycled after this cell", file=sys.stderr)
+    print(f"cpmatrix worker: cell {outcome.id} on rank {outcome.rank}: {message}; the world "
+          "is recycled after this cell", file=sys.stderr)
+    if outcome.ok:
+        return dataclasses.replace(outcome, status="error", exc_type="ProcessStateError",
+                                   message=message, traceback="", check="process_state",
+                                   recycle=True)
+    # Keep the case's own error first; the state problem is part of the story.
+    return dataclasses.replace(outcome, message=f"{outcome.message}; {message}", recycle=True)
 
 
 if __name__ == "__main__":

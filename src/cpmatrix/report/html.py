@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from cpmatrix.fsutil import atomic_write_bytes
-from cpmatrix.gate import ReportCell, read_report
 from cpmatrix.matrix.schema import DTYPES, LEVELS
+from cpmatrix.report.read import ReportCell, read_report
 from cpmatrix.result import Status
 
 __all__ = ["STATUS_COLORS", "render_html", "write_html"]

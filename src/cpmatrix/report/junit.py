@@ -14,15 +14,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
 from cpmatrix.fsutil import atomic_write_bytes
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.result import Result, Status
+from cpmatrix.result import Result, Status, testcase_name
 
-__all__ = ["merge_junit", "read_junit_results", "results_to_junit", "testcase_name",
+__all__ = ["merge_junit", "results_to_junit",
            "xml_safe"]
 
 _TEXT_LIMIT = 20_000
@@ -46,11 +45,6 @@ def xml_safe(text: str) -> str:
     text = _ANSI.sub("", text)
     return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                         else f"\\u{ord(m.group()):04x}", text)
-
-
-def testcase_name(cell_id: str, mutant: str = "") -> str:
-    """Mutant runs are separate testcases: ``<cell id>!mutant=<name>``."""
-    return f"{cell_id}!mutant={mutant}" if mutant else cell_id
 
 
 def _clip(text: str) -> str:
@@ -183,16 +177,3 @@ def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
     xml.update_statistics()
     write_junit(out, xml)
     return xml
-
-
-def read_junit_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Each testcase of a report as ``{"name":..., "properties": {...}, "text": ...}``."""
-    out = []
-    for suite in JUnitXml.fromfile(os.fspath(path)):
-        for case in suite:
-            props_elem = case.child(Properties)
-            props = {p.name: p.value for p in props_elem} if props_elem is not None else {}
-            text = "\n".join((r.text or "") for r in case.result)
-            out.append({"name": case.name, "classname": case.classname, "properties": props,
-                        "text": text, "time": case.time})
-    return out

@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cpmatrix.matrix.schema import Cell
@@ -87,31 +87,30 @@ def plan_batches(
 
 
 def fit_to_devices(
-    cells: Iterable[Cell], *, device_platforms: Collection[str], devices: int,
+    cells: Iterable[Cell], *, need: Callable[[Cell], int], devices: int,
 ) -> tuple[list[Cell], list[tuple[Cell, str]]]:
     """Split ``cells`` into those a host with ``devices`` GPUs can run, and the rest with why.
 
-    A cell of a platform in ``device_platforms`` (those with ``device: cuda``) needs one
-    device per rank: nccl refuses two ranks on one device (see docs/gpu.md for why gloo
-    over CUDA tensors is no way around that). Spill cells compile without a device and
-    cells of other platforms need none; both always fit. Order is kept.
+    ``need(cell)`` is the devices a cell's job holds (its executor says: one per rank for
+    a cuda world, since nccl refuses two ranks on one device; none for a CPU world or a
+    compile; see docs/gpu.md for why gloo over CUDA tensors is no way around that).
+    Order is kept.
 
     >>> from cpmatrix.matrix.schema import Cell, Mesh
     >>> def c(mesh): return Cell(id=mesh, target="t", case="m:f", kind="parity",
     ...     level="unit", mesh=Mesh.parse(mesh), dtype="fp64", autocast=False,
     ...     path="reference", params=(), platform="cuda", timeout_s=60, tags=())
-    >>> fits, left_out = fit_to_devices([c("1x1"), c("2x2")], device_platforms={"cuda"},
-    ...                                 devices=1)
+    >>> fits, left_out = fit_to_devices([c("1x1"), c("2x2")], devices=1,
+    ...                                 need=lambda cell: cell.world_size)
     >>> [x.id for x in fits], [(x.id, why) for x, why in left_out]
     (['1x1'], [('2x2', 'needs 4 GPUs (one per rank); 1 visible')])
     """
     fits: list[Cell] = []
     left_out: list[tuple[Cell, str]] = []
     for cell in cells:
-        if (cell.platform in device_platforms and cell.kind != "spill"
-                and cell.world_size > devices):
-            left_out.append((cell, f"needs {cell.world_size} GPUs (one per rank); "
-                                   f"{devices} visible"))
+        n = need(cell)
+        if n > devices:
+            left_out.append((cell, f"needs {n} GPUs (one per rank); {devices} visible"))
         else:
             fits.append(cell)
     return fits, left_out

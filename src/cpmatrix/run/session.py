@@ -1,7 +1,9 @@
-"""A run: plan -> worlds (with restarts and retries) -> results -> merged report.
+"""A run: plan -> jobs (with restarts and retries) -> results -> merged report.
 
-:func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop; the
-per-world fault handling lives in :mod:`cpmatrix.run.executors.world`.
+:func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop and knows
+no cell kind: each cell's executor (:mod:`cpmatrix.run.executors`) plans its batches and
+makes the jobs that run them; fault handling lives in the executors, what a result
+means in :mod:`cpmatrix.run.policies`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
 once alone (passed on retry -> FLAKY); a world that cannot start is retried twice
@@ -21,10 +23,10 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cpmatrix.fsutil import atomic_write_json, read_json, tail_lines
+from cpmatrix.fsutil import atomic_write_json, read_json
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.procs import (
     descendants,
@@ -33,16 +35,18 @@ from cpmatrix.remote.procs import (
     reap_orphans,
     set_child_subreaper,
 )
-from cpmatrix.report.junit import merge_junit, results_to_junit, testcase_name, write_junit
-from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.executors.compile import run_spill_cells
-from cpmatrix.run.executors.world import Entry, WorldOptions, WorldRun
-from cpmatrix.run.plan import DevicePool, plan_batches
+from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
+from cpmatrix.result import FailureKind, Result, Status, testcase_name
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors import EXECUTORS, Executor, Job, executor_for
+from cpmatrix.run.plan import DevicePool
+from cpmatrix.run.policies import CrashRetry, interpret_mutant
 from cpmatrix.run.stopping import Stopper, StopRequested
 
 __all__ = ["RunReport", "load_durations", "run_cells"]
 
-#: How often a world that never starts is launched again before its cells fail.
+#: How often a job that never starts is launched again before its cells fail.
 START_RETRIES = 2
 
 
@@ -52,11 +56,20 @@ class RunReport:
 
     results: dict[str, Result]
     wall_s: float
-    world_starts: int
     report_path: Path
-    worlds: int = 0
+    #: Executor name -> jobs planned, and jobs started (restarts and retries included).
+    planned: dict[str, int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
     #: The signal that stopped the run early (SIGINT, SIGTERM), if any.
     stopped_by: int | None = None
+
+    @property
+    def worlds(self) -> int:
+        return self.planned.get("world", 0)
+
+    @property
+    def world_starts(self) -> int:
+        return self.starts.get("world", 0)
 
     def mutant_line(self) -> str:
         """``mutants: K/N killed (kill rate X%)``, naming the survivors."""
@@ -86,8 +99,11 @@ def load_durations(out_root: Path) -> dict[str, float]:
 
 @dataclass
 class _Item:
+    """A batch waiting for (or running as) a job."""
+
     batch: str
     entries: list[Entry]
+    executor: Executor
     launches: int = 0
     failed_starts: int = 0
     last_error: str = ""
@@ -96,7 +112,7 @@ class _Item:
 def run_cells(
     cells: Sequence[Cell],
     platforms: Mapping[str, Platform],
-    options: WorldOptions,
+    context: RunContext,
     *,
     batch_size: int | None = None,
     jobs: int = 1,
@@ -105,7 +121,6 @@ def run_cells(
     keep_order: bool = False,
     cached: Mapping[str, Result] | None = None,
     store: Callable[[Cell, Result], None] | None = None,
-    spill_cache: Path | None = None,
     on_result: Callable[[Entry, Result], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     stopper: Stopper | None = None,
@@ -114,7 +129,7 @@ def run_cells(
     """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
 
     ``skipped`` holds cells that are not run here, each with the reason (a cuda cell
-    wider than the GPUs visible, see :func:`cpmatrix.run.plan.fit_to_devices`): no world is
+    wider than the GPUs visible, see :func:`cpmatrix.run.plan.fit_to_devices`): no job is
     planned for them, and the report holds each as ``skipped`` with that message.
 
     The report is written whatever happens: a Ctrl-C/SIGTERM (``StopRequested``) ends the
@@ -122,27 +137,26 @@ def run_cells(
     exception of cpmatrix itself fails the unfinished cells naming it, and is re-raised
     once the report is written.
     """
-    out = options.out_root
+    out = context.out_root
     out.mkdir(parents=True, exist_ok=True)
     # A previous run's worlds and cell folders would be read as this run's progress.
     for stale in ("worlds", "cells", "spill"):
         shutil.rmtree(out / stale, ignore_errors=True)
-    session = _Session(options, platforms, jobs=jobs, devices=devices, store=store,
+    session = _Session(context, platforms, jobs=jobs, devices=devices, store=store,
                        on_result=on_result)
     durations = load_durations(out)
     cached = cached or {}
     hits = [c for c in cells if c.id in cached and not mutants]
-    # Spill cells compile a kernel; they need no world (and have no mutants).
-    spill_cells = [c for c in cells if c.kind == "spill" and c.id not in cached]
-    batches = plan_batches([c for c in cells if not (c.id in cached and not mutants)
-                            and c.kind != "spill"],
-                           durations=durations, batch_size=batch_size, mutants=mutants,
-                           keep_order=keep_order)
-    for b in batches:
-        entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
-        session.planned.extend(entries)
-        session.queue.append(_Item(batch=b.name, entries=entries))
-    session.planned.extend(Entry(cell=c) for c in spill_cells)
+    todo = [c for c in cells if not (c.id in cached and not mutants)]
+    for executor in EXECUTORS:
+        mine = [c for c in todo if executor_for(c.kind) is executor]
+        for b in executor.plan(mine, durations=durations, batch_size=batch_size,
+                               keep_order=keep_order,
+                               mutants=mutants if executor.supports_mutants else None):
+            entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
+            session.planned.extend(entries)
+            session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
+            session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
     if on_start is not None:
         on_start(len(session.planned) + len(hits))
     for c in hits:
@@ -160,13 +174,7 @@ def run_cells(
     children_before = set(descendants(os.getpid()))
     subreaper = set_child_subreaper(True)
     try:
-        if spill_cells:
-            item = _Item(batch="spill", entries=[])
-            for cell, result in run_spill_cells(spill_cells, out_root=out,
-                                                search_path=options.pythonpath,
-                                                cache_dir=spill_cache, python=options.python):
-                session.finish(item, Entry(cell=cell), result)
-        session.run_worlds()
+        session.run_jobs()
     except StopRequested as exc:
         stopped_by = exc.signum
     except KeyboardInterrupt:  # a SIGINT outside stop_on_signals (e.g. a direct caller)
@@ -176,8 +184,8 @@ def run_cells(
     finally:
         if stopper is not None:
             stopper.hold()  # from here on a signal only waits for the report
-        session.kill_worlds()
-        _sweep_run(options.run_id, children_before)
+        session.kill_jobs()
+        _sweep_run(context.run_id, children_before)
         if subreaper:
             set_child_subreaper(False)
     session.close_unfinished(stopped_by, internal)
@@ -190,7 +198,7 @@ def run_cells(
         write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
         world_files.append(path)
     report = out / "report.xml"
-    merge_junit(world_files, report, run_id=options.run_id)
+    merge_junit(world_files, report, run_id=context.run_id)
     atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
     new_durations = dict(durations)
     for r in ordered.values():
@@ -200,19 +208,18 @@ def run_cells(
     if internal is not None:
         raise internal
     return RunReport(
-        results=ordered, wall_s=time.monotonic() - session.t0,
-        world_starts=session.world_starts, report_path=report, worlds=len(batches),
-        stopped_by=stopped_by,
+        results=ordered, wall_s=time.monotonic() - session.t0, report_path=report,
+        planned=session.jobs_planned, starts=session.jobs_started, stopped_by=stopped_by,
     )
 
 
 class _Session:
-    """The state of one run: the queue of worlds, those running, and the results."""
+    """The state of one run: the queue of batches, the running jobs, and the results."""
 
-    def __init__(self, options: WorldOptions, platforms: Mapping[str, Platform], *,
+    def __init__(self, context: RunContext, platforms: Mapping[str, Platform], *,
                  jobs: int, devices: int, store: Callable[[Cell, Result], None] | None,
                  on_result: Callable[[Entry, Result], None] | None) -> None:
-        self.options = options
+        self.context = context
         self.platforms = platforms
         self.jobs = max(1, jobs)
         self.devices = devices
@@ -222,13 +229,18 @@ class _Session:
         self.t0 = time.monotonic()
         self.planned: list[Entry] = []
         self.queue: deque[_Item] = deque()
-        self.active: list[tuple[_Item, WorldRun]] = []
+        self.active: list[tuple[_Item, Job]] = []
         self.results: dict[str, Result] = {}
-        self.first_crash: dict[str, Result] = {}
+        self.retry = CrashRetry()
         self.by_batch: dict[str, list[str]] = {}
-        self.world_starts = 0
+        self.jobs_planned: dict[str, int] = {}
+        self.jobs_started: dict[str, int] = {}
 
-    def record(self, batch: str, entry: Entry, result: Result, *, notify: bool = True) -> None:
+    @property
+    def starts(self) -> int:
+        return sum(self.jobs_started.values())
+
+    def record(self, batch: str, entry: Entry, result: Result, notify: bool = True) -> None:
         self.results[entry.key] = result
         self.by_batch.setdefault(batch, []).append(entry.key)
         if notify and self.on_result is not None:
@@ -243,54 +255,41 @@ class _Session:
                   f"({result.status.value})", file=sys.stderr)
             return
         if entry.mutant:
-            result = interpret_mutant(result)
-        elif entry.attempt > 1 and key in self.first_crash:
-            first = self.first_crash.pop(key)
-            if result.status is Status.PASSED:
-                result = replace(
-                    first, status=Status.FLAKY, attempts=entry.attempt,
-                    evidence=result.evidence, duration_s=result.duration_s,
-                    case_s=result.case_s,
-                    message=f"passed when retried alone; first attempt: {first.headline()}",
-                )
-            else:
-                result = replace(first, attempts=entry.attempt,
-                                 message=f"{first.message}; failed again when retried alone "
-                                 f"({result.headline()})".lstrip("; "))
-        elif (entry.attempt == 1 and result.kind is FailureKind.CRASH
-              and entry.cell.kind != "spill"
-              and not result.message.startswith("could not start")):
-            # Crashed: retry alone once, to tell FLAKY from FAILED.
-            self.first_crash[key] = result
-            self.queue.append(_Item(batch=f"{item.batch}-retry",
-                                    entries=[replace(entry, attempt=2)]))
-            return
-        if self.store is not None and result.status is Status.PASSED and not entry.mutant:
-            self.store(entry.cell, result)
-        self.record(item.batch.removesuffix("-retry"), entry, result)
+            final: Result | None = interpret_mutant(result)
+        else:
+            final, again = self.retry.decide(entry, result,
+                                             retries=item.executor.retries_crashes)
+            if again is not None:
+                self.queue.append(_Item(batch=f"{item.batch}-retry", entries=[again],
+                                        executor=item.executor))
+                return
+        assert final is not None
+        if self.store is not None and final.status is Status.PASSED and not entry.mutant:
+            self.store(entry.cell, final)
+        self.record(item.batch.removesuffix("-retry"), entry, final)
 
-    def run_worlds(self) -> None:
-        """Launch and poll worlds until the queue is empty (``jobs`` at a time)."""
+    def run_jobs(self) -> None:
+        """Launch and poll jobs until the queue is empty (``jobs`` at a time)."""
         while self.queue or self.active:
             while self.queue and len(self.active) < self.jobs:
                 if not self._launch_next():
                     break
             time.sleep(0.05)
-            still: list[tuple[_Item, WorldRun]] = []
-            for item, world in self.active:
-                for entry, result in world.poll():
+            still: list[tuple[_Item, Job]] = []
+            for item, job in self.active:
+                for entry, result in job.poll():
                     self.finish(item, entry, result)
-                if world.finished:
-                    self._after_world(item, world)
+                if job.finished:
+                    self._after_job(item, job)
                 else:
-                    still.append((item, world))
+                    still.append((item, job))
             self.active = still
 
     def _launch_next(self) -> bool:
-        """Start the next queued world; False when it must wait for devices."""
+        """Start the next queued job; False when it must wait for devices."""
         item = self.queue[0]
         platform = self.platforms[item.entries[0].cell.platform]
-        need = item.entries[0].cell.world_size if platform.device == "cuda" else 0
+        need = item.executor.devices_needed(item.entries, platform)
         devs: tuple[int, ...] = ()
         if need:
             taken = self.pool.take(need)
@@ -302,32 +301,38 @@ class _Session:
             devs = taken
         self.queue.popleft()
         item.launches += 1
-        name = f"{self.world_starts:03d}-{item.batch}.a{item.launches}"
-        world = WorldRun(name, item.entries, platform, self.options, devs)
-        world.start()
-        self.world_starts += 1
-        self.active.append((item, world))
+        name = f"{self.starts:03d}-{item.batch}.a{item.launches}"
+        job = item.executor.job(name, item.entries, platform, self.context, devs)
+        job.start()
+        self.jobs_started[item.executor.name] = self.jobs_started.get(item.executor.name, 0) + 1
+        self.active.append((item, job))
         return True
 
-    def _after_world(self, item: _Item, world: WorldRun) -> None:
-        self.pool.give(world.devices)
-        if world.start_failed:
+    def _after_job(self, item: _Item, job: Job) -> None:
+        self.pool.give(job.devices)
+        if job.start_failed:
             item.failed_starts += 1
-            item.last_error = world.start_error
+            item.last_error = job.start_error
             if item.failed_starts > START_RETRIES:
-                _fail_unstarted(item, world, self.finish)
+                for entry in job.remaining:
+                    self.finish(item, replace(entry, attempt=2), Result(
+                        cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
+                        message=f"could not start {item.executor.noun} after "
+                        f"{item.failed_starts} tries: "
+                        f"{item.last_error}", stderr_tails={-1: job.launcher_tail()},
+                        mutant=entry.mutant, out_dir=entry.out_dir))
                 return
-            self.queue.appendleft(_Item(batch=item.batch, entries=world.remaining,
-                                        launches=item.launches,
+            self.queue.appendleft(_Item(batch=item.batch, entries=job.remaining,
+                                        executor=item.executor, launches=item.launches,
                                         failed_starts=item.failed_starts))
-        elif world.remaining:
-            # A fault (or a recycle) took the world down: the rest runs in a fresh one.
-            self.queue.appendleft(_Item(batch=item.batch, entries=world.remaining,
-                                        launches=item.launches))
+        elif job.remaining:
+            # A fault (or a recycle) took the job down: the rest runs in a fresh one.
+            self.queue.appendleft(_Item(batch=item.batch, entries=job.remaining,
+                                        executor=item.executor, launches=item.launches))
 
-    def kill_worlds(self) -> None:
-        for _, world in self.active:
-            world.kill()
+    def kill_jobs(self) -> None:
+        for _, job in self.active:
+            job.kill()
         self.active = []
 
     def close_unfinished(self, stopped_by: int | None, internal: BaseException | None) -> None:
@@ -355,45 +360,10 @@ class _Session:
 
 
 def _sweep_run(run_id: str, children_before: set[int]) -> None:
-    """Kill what the run left: its worlds' processes (by token) and orphans re-parented to
+    """Kill what the run left: its jobs' processes (by token) and orphans re-parented to
     us while it ran (we are their subreaper); then reap them."""
     leftovers = processes_with_token(f"{run_id}/", prefix=True) if run_id else []
     leftovers += [p for p in descendants(os.getpid()) if p not in children_before]
     if leftovers:
         kill_all(leftovers)
     reap_orphans(keep=children_before)
-
-
-def interpret_mutant(result: Result) -> Result:
-    """A mutant run passes when the planted bug made the cell fail (it was killed)."""
-    if result.status is Status.PASSED:
-        return replace(
-            result, status=Status.FAILED, kind=FailureKind.ERROR,
-            evidence={**result.evidence, "mutant_outcome": "survived"},
-            message=f"mutant {result.mutant!r} survived: the cell passed with this bug "
-            "planted, so the test is vacuous for it",
-        )
-    if result.message.startswith("could not start"):
-        return result  # infrastructure, not a kill
-    first = result.first_failure
-    by = (first.check if first and first.check else "") or (
-        first.message.split(":")[0] if first and first.message else "") or (
-        result.kind.value if result.kind else "failure")
-    return replace(
-        result, status=Status.PASSED, kind=None,
-        evidence={**result.evidence, "mutant_outcome": "killed", "killed_by": by},
-        message=f"mutant {result.mutant!r} killed by {by}: {result.headline()}",
-    )
-
-
-def _fail_unstarted(
-    item: _Item, world: WorldRun, finish: Callable[[_Item, Entry, Result], None]
-) -> None:
-    tail = tail_lines(world.dir / "torchrun.log")
-    for entry in world.remaining:
-        finish(item, replace(entry, attempt=2), Result(
-            cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
-            message=f"could not start a world after {item.failed_starts} tries: "
-            f"{item.last_error}", stderr_tails={-1: tail}, mutant=entry.mutant,
-            out_dir=entry.out_dir,
-        ))

@@ -78,7 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpmatrix.matrix.load import load_matrix
     from cpmatrix.matrix.select import select_cells
     from cpmatrix.remote.compile_main import build_spec
-    from cpmatrix.run.executors.compile import read_spill
     from cpmatrix.spill._crosscheck import crosscheck_loaded
     from cpmatrix.spill._spec import ARCHS, SpillError
 
@@ -120,9 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return ExitCode.USAGE
     search_path = list(matrix.pythonpath)
-    chosen = [c for c in cells if read_spill(c)["arch"] == arch]
+    chosen = [c for c in cells if c.spill_spec()["arch"] == arch]
     if not chosen:
-        archs = sorted({read_spill(c)["arch"] for c in cells})
+        archs = sorted({c.spill_spec()["arch"] for c in cells})
         print(f"nothing selected: no spill cell for {arch} in {args.matrix} among "
               f"{len(cells)} spill cells (archs: {', '.join(archs) or 'none'})", file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
@@ -131,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cell in chosen:
         t0 = time.monotonic()
         try:
-            spec = build_spec(read_spill(cell), search_path)
+            spec = build_spec(cell.spill_spec(), search_path)
             if args.dry_run:
                 print(f"{cell.id}  {spec.kernel} {spec.constexprs} num_warps={spec.num_warps}")
                 continue

@@ -1,35 +1,41 @@
-"""Runs a run's spill cells (``kind: spill``) in a compile subprocess, with a watchdog.
+"""The compile executor: spill cells (``kind: spill``) in a compile subprocess, watched.
 
 Spill cells need no torchrun world: each compiles one Triton kernel for one arch and
-reads ``ptxas -v``. They run in one subprocess (:mod:`cpmatrix.remote.compile_main`), without
-``TRITON_INTERPRET``; a cell past its timeout or a crashed compiler fails that cell
-only, and the rest continue in a fresh subprocess.
+reads ``ptxas -v``. A :class:`CompileRun` runs a batch of them in one subprocess
+(:mod:`cpmatrix.remote.compile_main`), without ``TRITON_INTERPRET``, writing the same typed
+markers a world's rank 0 does. It is polled like a world: a cell past its timeout or a
+compiler that dies fails that cell only, and the rest are handed back to run in a fresh
+subprocess.
 
 Example::
 
-    >>> results = run_spill_cells(cells, out_root=Path("out"), search_path=(),
-    ...                           cache_dir=None)                       # doctest: +SKIP
+    >>> CompileExecutor().name, CompileExecutor().retries_crashes
+    ('compile', False)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from cpmatrix.fsutil import atomic_write_json, read_json, tail_lines
-from cpmatrix.matrix.schema import Cell
+from cpmatrix.fsutil import tail_lines
+from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.remote.protocol import CompileJob, Outcome, write_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.runners.base import hermetic_env
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress
+from cpmatrix.run.executors.world import cell_spec
+from cpmatrix.run.plan import Batch
+from cpmatrix.run.runners.base import Launch, hermetic_env
+from cpmatrix.run.runners.local import LocalRunner
 
-__all__ = ["run_spill_cells"]
+__all__ = ["CompileExecutor", "CompileRun"]
 
 _FLAT = (int, float, str, bool)
 
@@ -52,101 +58,153 @@ def _evidence(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _result(cell: Cell, done: dict[str, Any]) -> Result:
-    evidence = _evidence(done.get("evidence", {}))
-    if done.get("status") == "ok":
-        return Result(cell_id=cell.id, status=Status.PASSED, evidence=evidence,
-                      duration_s=float(done.get("duration_s", 0.0)),
-                      case_s=float(done.get("duration_s", 0.0)), message=done.get("message", ""),
-                      )
-    message = str(done.get("message", "spill gate failed"))
+def _result(entry: Entry, done: Outcome) -> Result:
+    evidence = _evidence(done.evidence)
+    if done.ok:
+        return Result(cell_id=entry.cell.id, status=Status.PASSED, evidence=evidence,
+                      duration_s=done.duration_s, case_s=done.duration_s, message=done.message)
+    message = done.message or "spill gate failed"
     return Result(
-        cell_id=cell.id, status=Status.FAILED, kind=FailureKind.ERROR, failing_ranks=(0,),
-        failures=(RankFailure(rank=0, message=message, traceback=done.get("traceback", ""),
+        cell_id=entry.cell.id, status=Status.FAILED, kind=FailureKind.ERROR, failing_ranks=(0,),
+        failures=(RankFailure(rank=0, message=message, traceback=done.traceback,
                               check="spill"),),
-        evidence=evidence, duration_s=float(done.get("duration_s", 0.0)), message=message,
+        evidence=evidence, duration_s=done.duration_s, message=message,
     )
 
 
-def _attempt(cells: Sequence[Cell], job_dir: Path, search_path: Sequence[str],
-             cache_dir: Path | None, python: str) -> Iterator[tuple[Cell, Result]]:
-    """One compile subprocess over ``cells``; yields results; stops at the first fault."""
-    if job_dir.exists():
-        shutil.rmtree(job_dir)
-    progress = job_dir / "progress"
-    progress.mkdir(parents=True)
-    job = {"cells": [{"id": c.id, "spill": read_spill(c)} for c in cells],
-           "progress": str(progress), "cache_dir": str(cache_dir) if cache_dir else None,
-           "search_path": list(search_path)}
-    atomic_write_json(job_dir / "job.json", job)
-    env = hermetic_env(os.environ, home=str(job_dir), tmp=str(job_dir),
-                       extra={"PYTHONPATH": os.pathsep.join(search_path)})
-    env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
-    log = open(job_dir / "spill.log", "wb")  # noqa: SIM115
-    try:
-        proc = subprocess.Popen([python, "-m", "cpmatrix.remote.compile_main",
-                                 str(job_dir / "job.json")],
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except OSError as exc:
-        log.close()
-        for c in cells:
-            yield c, Result(cell_id=c.id, status=Status.CRASH, kind=FailureKind.CRASH,
-                            message=f"could not start the spill compiler: {exc}")
-        return
-    log.close()
-    i = 0
-    started: float | None = None
-    try:
-        while i < len(cells):
-            done_path = progress / f"{i}.done"
-            if done_path.exists():
-                yield cells[i], _result(cells[i], read_json(done_path))
-                i += 1
-                started = None
-                continue
-            if started is None and (progress / f"{i}.start").exists():
-                started = time.monotonic()
-            if started is not None and time.monotonic() - started > cells[i].timeout_s:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                yield cells[i], Result(
-                    cell_id=cells[i].id, status=Status.TIMEOUT, kind=FailureKind.TIMEOUT,
-                    failing_ranks=(0,), message=f"compile ran past {cells[i].timeout_s} s")
-                return
-            if proc.poll() is not None and not done_path.exists():
-                tail = tail_lines(job_dir / "spill.log", lines=20)
-                yield cells[i], Result(
-                    cell_id=cells[i].id, status=Status.CRASH, kind=FailureKind.CRASH,
-                    failing_ranks=(0,), stderr_tails={0: tail},
-                    message=f"the spill compiler died (exit {proc.returncode})")
-                return
-            time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+class CompileRun:
+    """One compile subprocess over ``entries``; poll it until ``finished``."""
+
+    def __init__(self, name: str, entries: Sequence[Entry], context: RunContext) -> None:
+        self.name = name
+        self.entries = list(entries)
+        self.context = context
+        self.devices: tuple[int, ...] = ()
+        self.dir = context.out_root / "spill" / name
+        self.progress = Progress(self.dir / "progress", context.run_id)
+        # Compiles need no isolation beyond the hermetic environment: always local.
+        self.child = Child(f"{context.run_id or os.getpid()}/{name}", LocalRunner())
+        self.finished = False
+        self.remaining: list[Entry] = []
+        self.start_failed = False
+        self.start_error = ""
+        self._next = 0
+        self._started: float | None = None
+
+    def start(self) -> None:
+        ctx = self.context
+        try:
+            if self.dir.exists():
+                shutil.rmtree(self.dir)
+            self.progress.folder.mkdir(parents=True)
+            job = CompileJob(
+                run_id=ctx.run_id, progress=str(self.progress.folder),
+                cache_dir=str(ctx.compile_cache) if ctx.compile_cache else None,
+                search_path=list(ctx.pythonpath),
+                cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
+            write_typed(self.dir / "job.json", job)
+            env = hermetic_env(ctx.source_env, home=str(self.dir), tmp=str(self.dir),
+                               extra={"PYTHONPATH": os.pathsep.join(ctx.pythonpath),
+                                      WORLD_TOKEN: self.child.token})
+            env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
+            self.child.start(Launch(
+                argv=(ctx.python, "-m", "cpmatrix.remote.compile_main",
+                      str(self.dir / "job.json")),
+                env=env, cwd=str(self.dir), name=self.name), self.dir / "spill.log")
+        except OSError as exc:
+            self.start_failed = True
+            self.start_error = f"could not start the spill compiler: {exc}"
+            self.remaining = list(self.entries)
+            self.finished = True
+
+    def poll(self) -> list[tuple[Entry, Result]]:
+        if self.finished:
+            return []
+        self.progress.read()
+        out: list[tuple[Entry, Result]] = []
+        while self._next < len(self.entries):
+            done = self.progress.dones.get((self._next, 0))
+            if done is None:
+                break
+            out.append((self.entries[self._next], _result(self.entries[self._next], done)))
+            self._next += 1
+            self._started = None
+        if self._next == len(self.entries):
+            self.child.kill()
+            self.finished = True
+            return out
+        entry = self.entries[self._next]
+        if self._started is None and (self._next, 0) in self.progress.starts:
+            self._started = time.monotonic()
+        if self._started is not None and time.monotonic() - self._started > entry.cell.timeout_s:
+            self.child.kill()
+            out.append((entry, Result(
+                cell_id=entry.cell.id, status=Status.TIMEOUT, kind=FailureKind.TIMEOUT,
+                failing_ranks=(0,), message=f"compile ran past {entry.cell.timeout_s} s")))
+            self._hand_back(self._next + 1)
+        elif self.child.returncode() is not None:
+            self.progress.read()
+            if (self._next, 0) in self.progress.dones:
+                return out + self.poll()  # it finished the cell as it exited
+            tail = tail_lines(self.dir / "spill.log", lines=20)
+            if (self._next, 0) not in self.progress.starts and self._next == 0:
+                self.start_failed = True
+                self.start_error = f"the spill compiler exited at once: {tail[-500:]}"
+                self._hand_back(0)
+                return out
+            out.append((entry, Result(
+                cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
+                failing_ranks=(0,), stderr_tails={0: tail},
+                message=f"the spill compiler died (exit {self.child.returncode()})")))
+            self._hand_back(self._next + 1)
+        return out
+
+    def _hand_back(self, first: int) -> None:
+        self.child.kill()
+        self.remaining = self.entries[first:]
+        self.finished = True
+
+    def kill(self) -> None:
+        self.child.kill()
+        self.finished = True
+
+    def launcher_tail(self) -> str:
+        return tail_lines(self.dir / "spill.log")
 
 
-def read_spill(cell: Cell) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(cell.spill)
-    return value
+class CompileExecutor:
+    """Spill cells: every one of a run in one compile subprocess (fresh after a fault)."""
 
+    name = "compile"
+    noun = "the spill compiler"
+    plural = "compile jobs"
+    #: A compile is deterministic: a crash is the compiler's, retried alone it would crash
+    #: again. It fails the cell; the rest continue in a fresh subprocess.
+    retries_crashes = False
+    supports_mutants = False
 
-def run_spill_cells(
-    cells: Sequence[Cell], *, out_root: Path, search_path: Sequence[str],
-    cache_dir: Path | None, python: str = sys.executable,
-) -> list[tuple[Cell, Result]]:
-    """Gate every spill cell; one result per cell, in order, whatever happens."""
-    results: list[tuple[Cell, Result]] = []
-    remaining = list(cells)
-    attempt = 0
-    while remaining:
-        attempt += 1
-        got = 0
-        for cell, result in _attempt(remaining, out_root / "spill" / f"a{attempt}",
-                                     search_path, cache_dir, python):
-            results.append((cell, result))
-            got += 1
-        remaining = remaining[got:]
-    return results
+    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
+             batch_size: int | None, keep_order: bool,
+             mutants: Mapping[str, Sequence[str]] | None) -> list[Batch]:
+        if not cells:
+            return []
+        return [Batch(name="spill", platform=cells[0].platform, world_size=1,
+                      cells=tuple(cells))]
+
+    def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
+        return 0
+
+    def job(self, name: str, entries: Sequence[Entry], platform: Platform,
+            context: RunContext, devices: tuple[int, ...]) -> CompileRun:
+        return CompileRun(name, entries, context)
+
+    def describe(self, batch: Batch) -> str:
+        return (f"spill gates (compiled in one subprocess, no world): "
+                f"{len(batch.cells)} cells")
+
+    def cache_identity(self) -> dict[str, str]:
+        # A spill cell's numbers depend on the Triton version (and so its ptxas).
+        try:
+            return {"triton": version("triton")}
+        except PackageNotFoundError:
+            return {"triton": "absent"}

@@ -20,7 +20,7 @@ from typing import Any
 from junitparser import Error, Failure, JUnitXml, JUnitXmlError, Properties, Skipped
 
 from cpmatrix.matrix.cellid import parse_cell_id
-from cpmatrix.result import Status
+from cpmatrix.result import Status, split_testcase_name
 
 __all__ = ["ReportCell", "ReportError", "read_report"]
 
@@ -53,11 +53,11 @@ class ReportCell:
 
     @property
     def cell_id(self) -> str:
-        return self.properties.get("cell_id") or self.name.partition("!mutant=")[0]
+        return self.properties.get("cell_id") or split_testcase_name(self.name)[0]
 
     @property
     def mutant(self) -> str:
-        return self.properties.get("mutant") or self.name.partition("!mutant=")[2]
+        return self.properties.get("mutant") or split_testcase_name(self.name)[1]
 
     @property
     def tags(self) -> tuple[str, ...]:

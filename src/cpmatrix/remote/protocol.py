@@ -1,0 +1,216 @@
+"""The files that cross a process boundary, typed once and imported by both sides.
+
+Standard library only: the worker side (:mod:`~cpmatrix.remote.world_main`,
+:mod:`~cpmatrix.remote.compile_main`) imports it at start-up.
+
+A supervisor writes a **job file** and starts the child; the child writes, per cell, a
+**start marker** before the cell runs and an **outcome** (the done marker) after it,
+both atomically, in ``progress/`` and both carrying the run's id; a world's ranks also
+write a **pid file** each. Marker names are ``<cell index>.r<rank>.start|done`` (a compile
+job is rank 0). A file of another run, or one that does not parse as its type, is ignored
+by the reader (``None``), never mistaken for this run's evidence.
+
+Example::
+
+    >>> spec = CellSpec(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t",
+    ...                 case="m:f", rows=1, cols=2, dtype="fp64", out_dir="cells/t")
+    >>> CellSpec.from_json(spec.to_json()) == spec, spec.world_size
+    (True, 2)
+    >>> marker_name(3, 1, "done"), parse_marker_name("3.r1.done")
+    ('3.r1.done', (3, 1, 'done'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from cpmatrix.fsutil import atomic_write_json, read_json
+
+__all__ = [
+    "CellSpec",
+    "CompileJob",
+    "Outcome",
+    "PidFile",
+    "StartMarker",
+    "WorldSpec",
+    "marker_name",
+    "parse_marker_name",
+    "read_typed",
+    "write_typed",
+]
+
+MarkerKind = Literal["start", "done"]
+T = TypeVar("T")
+
+
+class _Json:
+    """``to_json``/``from_json`` for the frozen dataclasses below (nested specs too)."""
+
+    def to_json(self) -> dict[str, Any]:
+        value: dict[str, Any] = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return value
+
+    @classmethod
+    def from_json(cls: type[T], data: Any) -> T:
+        """Build from a mapping; ``ValueError`` for a missing field or a wrong shape."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {k: v for k, v in data.items() if k in known}
+        for name in known:
+            nested = _NESTED.get((cls.__name__, name))
+            if nested is not None and name in values:
+                values[name] = [nested.from_json(item) for item in values[name]]
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ValueError(f"{cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellSpec(_Json):
+    """One cell as a child process runs it: every axis already parsed."""
+
+    id: str
+    target: str
+    case: str
+    rows: int
+    cols: int
+    dtype: str
+    out_dir: str
+    level: str = "unit"
+    kind: str = "parity"
+    autocast: bool = False
+    path: str = "reference"
+    params: dict[str, Any] = field(default_factory=dict)
+    platform: str = "cpu"
+    timeout_s: int = 300
+    #: The planted bug switched on for this run ("" for none).
+    mutant: str = ""
+    #: The file the cell's digest covers; the worker refuses to run another.
+    case_file: str = ""
+    #: For compile cells: the kernel's compile spec (``SpillBlock.for_cell``).
+    spill: dict[str, Any] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.rows * self.cols
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorldSpec(_Json):
+    """The job file of a torchrun world (``world.json``)."""
+
+    name: str
+    run_id: str
+    supervisor_pid: int
+    dir: str
+    out_root: str
+    backend: str
+    device: str
+    platform: str
+    pg_timeout_s: float
+    pythonpath: list[str]
+    project_roots: list[str]
+    cells: list[CellSpec]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileJob(_Json):
+    """The job file of a compile subprocess (``job.json``)."""
+
+    run_id: str
+    progress: str
+    cache_dir: str | None
+    search_path: list[str]
+    cells: list[CellSpec]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartMarker(_Json):
+    """Written before cell ``index`` runs on ``rank``."""
+
+    index: int
+    rank: int
+    id: str
+    run: str
+    time: float
+    #: This rank's log size when the cell started (its log tail starts there).
+    log_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome(_Json):
+    """What cell ``index`` did on ``rank`` (the done marker), before any cross-rank step."""
+
+    index: int
+    rank: int
+    id: str
+    run: str
+    status: Literal["ok", "error"]
+    exc_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    #: The toolkit check that raised (``ParityError.check``), if any.
+    check: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    setup_s: float = 0.0
+    case_s: float = 0.0
+    duration_s: float = 0.0
+    end_time: float = 0.0
+    log_end: int | None = None
+    #: The case changed process state that cannot be restored: the world is recycled.
+    recycle: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PidFile(_Json):
+    """``rank<R>.pid``: so the supervisor can watch and signal the rank."""
+
+    pid: int
+    rank: int
+    run: str
+
+
+_NESTED: dict[tuple[str, str], type[_Json]] = {
+    ("WorldSpec", "cells"): CellSpec,
+    ("CompileJob", "cells"): CellSpec,
+}
+
+
+def marker_name(index: int, rank: int, kind: MarkerKind) -> str:
+    return f"{index}.r{rank}.{kind}"
+
+
+def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
+    """``(index, rank, kind)`` of a marker file name; None for any other file."""
+    stem, _, kind = name.rpartition(".")
+    index, sep, rank = stem.partition(".r")
+    if kind not in ("start", "done") or not sep or not index.isdigit() or not rank.isdigit():
+        return None
+    return int(index), int(rank), kind  # type: ignore[return-value]
+
+
+def write_typed(path: str | os.PathLike[str], value: _Json) -> None:
+    """Write atomically (a reader never sees half a file)."""
+    atomic_write_json(path, value.to_json())
+
+
+def read_typed(path: str | os.PathLike[str], cls: type[T], run: str | None = None) -> T | None:
+    """The file as ``cls``; None when it is missing, malformed, or (``run`` given) another
+    run's."""
+    try:
+        value = cls.from_json(read_json(Path(path)))  # type: ignore[attr-defined]
+    except (OSError, ValueError):
+        return None
+    if run is not None and getattr(value, "run", getattr(value, "run_id", None)) != run:
+        return None
+    return value  # type: ignore[no-any-return]

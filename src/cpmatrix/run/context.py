@@ -1,0 +1,56 @@
+"""What every executor of one run shares: resolved settings, not command-line flags.
+
+Built once per run by :func:`cpmatrix.run.setup.prepare_run` from the run's options.
+
+Example::
+
+    >>> from cpmatrix.run.runners import get_runner
+    >>> ctx = RunContext(out_root=Path("out"), runner=get_runner("local"), run_id="r1")
+    >>> ctx.abort_grace_s, ctx.teardown_grace_s
+    (5.0, 20.0)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cpmatrix.run.runners.base import Runner
+
+__all__ = ["RunContext"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """The run's output folder, runner, interpreter, paths, id and fault timings."""
+
+    out_root: Path
+    runner: Runner
+    #: This run's id: stamped on every job file and marker, checked when read.
+    run_id: str = ""
+    #: The interpreter that launches the children (``--python``).
+    python: str = sys.executable
+    #: The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
+    pythonpath: tuple[str, ...] = ()
+    #: The matrix's own pythonpath folders: modules a cell imports from them are
+    #: re-imported afresh for the next cell (see :mod:`cpmatrix.remote.isolation`).
+    project_roots: tuple[str, ...] = ()
+    #: Folders a hermetic runner mounts read-only besides ``pythonpath`` (the matrix's).
+    readonly: tuple[str, ...] = ()
+    #: After one rank fails a cell, how long the others may take to finish it.
+    abort_grace_s: float = 5.0
+    #: How long a world may take to start its first cell.
+    startup_timeout_s: float = 180.0
+    #: Between the stack-dump request (SIGUSR1) and the kill.
+    dump_wait_s: float = 1.5
+    #: After every cell of a world is in, how long its ranks may take to exit.
+    teardown_grace_s: float = 20.0
+    #: After a rank died, how long torchrun may take to tear the world down itself.
+    dead_rank_grace_s: float = 3.0
+    #: The compile cache of spill cells (None: compile everything).
+    compile_cache: Path | None = None
+    #: The environment the hermetic allow-list is read from.
+    source_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))

@@ -1,0 +1,50 @@
+"""An entry: one cell to run once (optionally with a mutant), and where its files go.
+
+Example::
+
+    >>> cell_folder("t[unit,1x1,fp64,autocast=off,reference]@cpu")
+    't[unit,1x1,fp64,autocast=off,reference]@cpu'
+    >>> len(cell_folder("t" * 300)), cell_folder("t" * 300)[-17:-16]
+    (113, '~')
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.result import testcase_name
+
+__all__ = ["Entry", "cell_folder"]
+
+#: File names may hold 255 bytes; an id longer than this gets a digest-based name.
+_MAX_FOLDER_BYTES = 160
+
+
+def cell_folder(name: str) -> str:
+    """A file name for a cell id: the id itself, or a prefix and a digest when too long."""
+    if len(name.encode()) <= _MAX_FOLDER_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{name.encode()[:96].decode(errors='ignore')}~{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One cell to run (optionally with a mutant switched on), and which attempt this is."""
+
+    cell: Cell
+    mutant: str = ""
+    attempt: int = 1
+
+    @property
+    def key(self) -> str:
+        """The testcase name: unique within a run."""
+        return testcase_name(self.cell.id, self.mutant)
+
+    @property
+    def out_dir(self) -> str:
+        """The cell's folder, relative to the run's output folder."""
+        base = f"cells/{cell_folder(self.cell.id)}"
+        return f"{base}/mutant-{cell_folder(self.mutant)}" if self.mutant else base

@@ -1,0 +1,28 @@
+"""The executor registry: which executor runs which kind of cell.
+
+Example::
+
+    >>> executor_for("parity").name, executor_for("spill").name
+    ('world', 'compile')
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from cpmatrix.run.executors.base import Executor, Job
+from cpmatrix.run.executors.compile import CompileExecutor
+from cpmatrix.run.executors.world import WorldExecutor
+
+__all__ = ["EXECUTORS", "Executor", "Job", "executor_for"]
+
+#: Every executor, in the order a run starts their jobs (compiles take seconds: first).
+EXECUTORS: Final[tuple[Executor, ...]] = (CompileExecutor(), WorldExecutor())
+#: A cell kind (``matrix.schema.KINDS``) -> the name of the executor that runs it.
+_BY_KIND: Final = {"parity": "world", "property": "world", "spill": "compile"}
+
+
+def executor_for(kind: str) -> Executor:
+    """The executor of cells of ``kind``; KeyError for a kind nothing runs."""
+    name = _BY_KIND[kind]
+    return next(e for e in EXECUTORS if e.name == name)

@@ -1,0 +1,139 @@
+"""What a cell's outcomes mean: pure functions, no processes (the world executor's verdicts).
+
+Outcomes first, message patterns last: a rank whose own outcome is an error caused the
+failure; its error is collateral ("a peer left the collective") only when its message
+says so *and* such a peer exists. How a rank died comes from its wait status or from
+torchrun's "Root Cause" block.
+
+Example::
+
+    >>> merge_evidence([{"x": 1, "r": 0}, {"x": 1, "r": 1}])
+    {'x': 1, 'r': 0, 'r@rank1': 1}
+    >>> torchrun_root_cause("Root Cause (first observed failure):\\n  rank : 1\\n  exitcode : -9")
+    (1, 'killed by signal SIGKILL')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Sequence
+from typing import Any, Final
+
+from cpmatrix.remote.protocol import Outcome
+from cpmatrix.result import FailureKind, RankFailure, Result, Status
+from cpmatrix.run.entry import Entry
+
+__all__ = ["COLLATERAL", "describe_status", "merge_evidence", "result_from_outcomes",
+           "split_errors", "torchrun_root_cause"]
+
+#: Messages of a rank whose peer went away: a consequence, not the cause.
+COLLATERAL: Final = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+    r"communicator was aborted|Timed out waiting|ProcessGroupGloo.*closed",
+    re.IGNORECASE,
+)
+_ROOT_CAUSE: Final = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
+
+
+def describe_status(status: int) -> str:
+    """A wait status in words: ``killed by signal SIGKILL``, ``exited with code 13``."""
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {_signame(os.WTERMSIG(status))}"
+    if os.WIFEXITED(status):
+        return f"exited with code {os.WEXITSTATUS(status)}"
+    return f"wait status {status}"
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def torchrun_root_cause(log_text: str) -> tuple[int, str] | None:
+    """The rank and how it ended, as torchrun names the first observed failure."""
+    idx = log_text.rfind("Root Cause")
+    if idx < 0:
+        return None
+    m = _ROOT_CAUSE.search(log_text, idx)
+    if m is None:
+        return None
+    code = int(m.group(2))
+    how = f"killed by signal {_signame(-code)}" if code < 0 else f"exited with code {code}"
+    return int(m.group(1)), how
+
+
+def split_errors(errors: Sequence[Outcome], *, peer_died: bool,
+                 ) -> tuple[list[Outcome], list[Outcome]]:
+    """(primary, collateral) error outcomes of one cell, each in rank order.
+
+    A rank whose own outcome is an error caused it. Its error is collateral only when
+    its message says a peer went away *and* there is such a peer: one that died, or an
+    earlier error of another rank whose message is its own. A case that raises
+    "Timed out waiting for ..." with every peer alive is that rank's error.
+    """
+    ordered = sorted(errors, key=lambda o: o.end_time)
+    causes = [o for o in ordered if not COLLATERAL.search(o.message)]
+    primary: list[Outcome] = []
+    collateral: list[Outcome] = []
+    for o in ordered:
+        earlier = any(c is not o and c.rank != o.rank and c.end_time <= o.end_time
+                      for c in causes)
+        looks = COLLATERAL.search(o.message) is not None
+        (collateral if looks and (peer_died or earlier) else primary).append(o)
+    if not primary:  # only echoes of a death we cannot place: report them all
+        primary, collateral = collateral, []
+    return sorted(primary, key=lambda o: o.rank), sorted(collateral, key=lambda o: o.rank)
+
+
+def merge_evidence(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One value per key when all ranks agree; else ``key@rankN`` per differing rank."""
+    merged: dict[str, Any] = {}
+    keys: list[str] = []
+    for ev in per_rank:
+        for k in ev:
+            if k not in keys:
+                keys.append(k)
+    for k in keys:
+        values = [ev.get(k) for ev in per_rank]
+        present = [v for v in values if v is not None]
+        if all(v == present[0] for v in present) and len(present) == len(values):
+            merged[k] = present[0]
+        else:
+            if values[0] is not None:
+                merged[k] = values[0]
+            for r, v in enumerate(values):
+                if v is not None and (r > 0 and v != values[0]):
+                    merged[f"{k}@rank{r}"] = v
+    return merged
+
+
+def result_from_outcomes(entry: Entry, outcomes: Sequence[Outcome], *,
+                         tails: dict[int, str], extra_msg: str = "",
+                         peer_died: bool = False) -> Result:
+    """The cell's result from the outcomes its ranks wrote (every rank, or those that did)."""
+    errors = [o for o in outcomes if not o.ok]
+    evidence = merge_evidence([o.evidence for o in sorted(outcomes, key=lambda o: o.rank)])
+    duration = max(o.duration_s for o in outcomes)
+    case_s = max(o.case_s for o in outcomes)
+    if not errors:
+        return Result(cell_id=entry.cell.id, status=Status.PASSED, evidence=evidence,
+                      duration_s=duration, case_s=case_s, attempts=entry.attempt,
+                      mutant=entry.mutant, out_dir=entry.out_dir)
+    primary, collateral = split_errors(errors, peer_died=peer_died)
+    failures = tuple(RankFailure(rank=o.rank, message=o.message, traceback=o.traceback,
+                                 check=o.check) for o in primary + collateral)
+    msg = extra_msg
+    if collateral:
+        note = (f"rank(s) {', '.join(str(o.rank) for o in collateral)} failed only "
+                "because a peer left the collective")
+        msg = f"{msg}; {note}" if msg else note
+    return Result(
+        cell_id=entry.cell.id, status=Status.FAILED, kind=FailureKind.ERROR,
+        failing_ranks=tuple(o.rank for o in primary), failures=failures,
+        stderr_tails=tails, evidence=evidence, duration_s=duration, case_s=case_s,
+        attempts=entry.attempt, message=msg, mutant=entry.mutant, out_dir=entry.out_dir,
+    )

@@ -1,0 +1,85 @@
+"""The executor protocol: what runs a kind of cell, behind one interface.
+
+A run's session never branches on a cell's kind: it asks the registry
+(:mod:`cpmatrix.run.executors`) for the cell's executor, lets the executor cut its cells
+into batches, and launches each batch as a :class:`Job` it polls until it is finished.
+Every job keeps the same promises: each entry ends as exactly one result, or is handed
+back (``remaining``) to run in a fresh job after a fault that was not its own;
+``start_failed`` says the job never started a cell (the session retries it).
+
+Two executors exist: ``world`` (torchrun worlds running parity and property cases) and
+``compile`` (Triton AOT compiles + ptxas for spill cells). A new one (packed worlds, a
+remote scheduler's jobs) is a new class registered here; the session loop is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.result import Result
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.plan import Batch
+
+__all__ = ["Executor", "Job"]
+
+
+class Job(Protocol):
+    """One launch of a batch: started once, polled until ``finished``."""
+
+    name: str
+    entries: list[Entry]
+    #: cuda devices held by this job (given back to the pool when it finishes).
+    devices: tuple[int, ...]
+    finished: bool
+    #: Entries handed back to run in a fresh job (after a fault, or a recycle).
+    remaining: list[Entry]
+    #: True when the job never started a cell; the session may retry it.
+    start_failed: bool
+    start_error: str
+
+    def start(self) -> None:
+        """Launch; an OS error fails the job's cells, never the run."""
+
+    def poll(self) -> list[tuple[Entry, Result]]:
+        """Advance without blocking; the results completed since the last call."""
+
+    def kill(self) -> None:
+        """Stop now (the run was interrupted); nothing it started may outlive this."""
+
+    def launcher_tail(self) -> str:
+        """The last lines its launcher printed (why it did not start, say)."""
+
+
+class Executor(Protocol):
+    """Runs one kind of cell: plans its batches and makes their jobs."""
+
+    name: str
+    #: What its jobs are, in messages: "a world", "the spill compiler"; and counted.
+    noun: str
+    plural: str
+    #: A crashed cell is retried alone once, to tell FLAKY from FAILED.
+    retries_crashes: bool
+    #: Cells of this executor can run with a declared mutant switched on.
+    supports_mutants: bool
+
+    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
+             batch_size: int | None, keep_order: bool,
+             mutants: Mapping[str, Sequence[str]] | None) -> list[Batch]:
+        """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches."""
+
+    def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
+        """cuda devices the job of ``entries`` holds while it runs (0: none)."""
+
+    def job(self, name: str, entries: Sequence[Entry], platform: Platform,
+            context: RunContext, devices: tuple[int, ...]) -> Job:
+        """The job that runs ``entries`` (not started yet)."""
+
+    def describe(self, batch: Batch) -> str:
+        """One line for ``--dry-run``: what the batch's job is."""
+
+    def cache_identity(self) -> dict[str, str]:
+        """What else a cached pass of this executor's cells depends on (a compiler's
+        version, say): part of the action key."""

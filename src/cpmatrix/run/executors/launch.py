@@ -1,0 +1,140 @@
+"""Starting, watching and ending a child process tree; reading its typed progress files.
+
+Shared by every executor: a :class:`Child` is started through the run's runner, behind a
+trampoline that sets the parent-death signal (it dies with cpmatrix, even on SIGKILL), in
+its own session, with the world's token in its environment (so its leftovers are found
+and killed when it ends, wherever they are in the tree). :class:`Progress` reads the
+start markers and outcomes of :mod:`cpmatrix.remote.protocol`, this run's only.
+
+Example::
+
+    >>> 1024 <= free_port() < 65536
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cpmatrix.remote.procs import WORLD_TOKEN, descendants, kill_all, processes_with_token
+from cpmatrix.remote.protocol import Outcome, StartMarker, parse_marker_name, read_typed
+from cpmatrix.run.runners.base import Launch, Runner
+
+__all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port"]
+
+#: Starts the command with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
+#: the kernel kills the child (and each rank then dies with torchrun). argv: the expected
+#: parent pid, then the command.
+_TRAMPOLINE = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Child:
+    """One launched process tree (torchrun and its ranks, or a compile subprocess)."""
+
+    def __init__(self, token: str, runner: Runner) -> None:
+        #: ``<run>/<job>``: in every process's environment (``CPMATRIX_WORLD``).
+        self.token = token
+        self.runner = runner
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.launch: Launch | None = None
+
+    def start(self, launch: Launch, log: Path) -> list[str]:
+        """Launch through the runner; returns the argv (OSError when it cannot start)."""
+        self.launch = launch
+        cmd, cmd_env = self.runner.command(launch)
+        argv = [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *cmd]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                argv, env=cmd_env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        return cmd
+
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def kill(self, extra_pids: Sequence[int] = ()) -> None:
+        """SIGKILL the tree (its process group, ``extra_pids``, everything with the token),
+        wait for it, and let the runner clean up (a container)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in extra_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.launch is not None:
+            self.runner.cleanup(self.launch)
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Kill what is left of the tree: whatever carries the token (ranks in their own
+        process group, a case's children and daemons) and the launcher's descendants."""
+        if self.proc is None:
+            return
+        root = [self.proc.pid] if self.proc.poll() is None else []
+        leftovers = processes_with_token(self.token) + [p for r in root for p in descendants(r)]
+        if leftovers:
+            kill_all(leftovers)
+
+
+class Progress:
+    """The start markers and outcomes in one ``progress/`` folder, this run's only."""
+
+    def __init__(self, folder: Path, run_id: str) -> None:
+        self.folder = folder
+        self.run_id = run_id
+        self.starts: dict[tuple[int, int], StartMarker] = {}
+        self.dones: dict[tuple[int, int], Outcome] = {}
+        self._seen: set[str] = set()
+
+    def read(self) -> list[Outcome]:
+        """Read new markers; return the outcomes that arrived since the last call."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        new: list[Outcome] = []
+        for name in names:
+            parsed = parse_marker_name(name)
+            if name in self._seen or parsed is None:
+                continue
+            index, rank, kind = parsed
+            marker = read_typed(self.folder / name, StartMarker if kind == "start" else Outcome,
+                                run=self.run_id)
+            # Markers are written atomically: a file that is there is whole. One that does
+            # not read as this run's (another run's, on a shared --out) is never evidence.
+            self._seen.add(name)
+            if marker is None:
+                continue
+            if isinstance(marker, Outcome):
+                self.dones[(index, rank)] = marker
+                new.append(marker)
+            else:
+                self.starts[(index, rank)] = marker  # type: ignore[assignment]
+        return new

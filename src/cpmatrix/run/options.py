@@ -1,0 +1,116 @@
+"""Every setting of a run in one place: :class:`RunOptions`, each field with its flag.
+
+The command line is generated from the fields (:func:`add_run_arguments`), so a setting
+cannot exist without its flag and its documentation, and ``cpmatrix run``, ``cpmatrix
+spill``, ``repro`` and the nox sessions read the same object.
+
+Example::
+
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_run_arguments(p)
+    >>> opts = RunOptions.from_namespace(p.parse_args(["--jobs", "2", "--abort-grace", "3"]))
+    >>> opts.jobs, opts.abort_grace_s, opts.teardown_grace_s
+    (2, 3.0, 20.0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpmatrix.errors import UsageError
+
+__all__ = ["RunOptions", "add_run_arguments"]
+
+
+def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
+    return {"flag": flag, "help": help, "argparse": argparse_kwargs}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """A run's settings (defaults are the command line's)."""
+
+    out: str = field(default="out", metadata=_flag(
+        "--out", "output folder, claimed by one run at a time (default: %(default)s)",
+        metavar="DIR"))
+    batch_size: int | None = field(default=None, metadata=_flag(
+        "--batch-size", "cells per world (default: one world per platform x world size)",
+        metavar="N", type=int))
+    jobs: int = field(default=1, metadata=_flag(
+        "--jobs", "worlds (jobs) run at once", metavar="N", type=int))
+    runner: str = field(default="local", metadata=_flag(
+        "--runner", "how worlds are isolated: local, sandbox, docker, or auto "
+        "(docker > sandbox > local; default: %(default)s)"))
+    mutants: bool = field(default=False, metadata=_flag(
+        "--mutants", "also run each cell once per declared mutant; a surviving mutant fails",
+        action="store_true"))
+    dry_run: bool = field(default=False, metadata=_flag(
+        "--dry-run", "print the plan; run nothing", action="store_true"))
+    gpus: int | None = field(default=None, metadata=_flag(
+        "--gpus", "cuda devices in the pool (default: all visible); cuda cells with more "
+        "ranks are skipped", metavar="N", type=int))
+    keep_order: bool = field(default=False, metadata=_flag(
+        "--keep-order", "run cells in matrix order instead of longest-first",
+        action="store_true"))
+    python: str = field(default=sys.executable, metadata=_flag(
+        "--python", "interpreter that launches the worlds (default: this one)",
+        metavar="PATH"))
+    no_cache: bool = field(default=False, metadata=_flag(
+        "--no-cache", "run every cell; do not reuse or store cached passes",
+        action="store_true"))
+    cache_dir: str | None = field(default=None, metadata=_flag(
+        "--cache-dir", "result cache folder (default: $XDG_CACHE_HOME/cpmatrix)",
+        metavar="DIR"))
+    plain: bool = field(default=False, metadata=_flag(
+        "--plain", "plain progress lines even on a terminal", action="store_true"))
+    abort_grace_s: float = field(default=5.0, metadata=_flag(
+        "--abort-grace", "seconds the other ranks get to finish a cell after one rank "
+        "failed it (then the world is torn down)", metavar="S", type=float))
+    startup_timeout_s: float = field(default=180.0, metadata=_flag(
+        "--startup-timeout", "seconds a world may take to start its first cell",
+        metavar="S", type=float))
+    teardown_grace_s: float = field(default=20.0, metadata=_flag(
+        "--teardown-grace", "seconds a world's ranks may take to exit after its last cell",
+        metavar="S", type=float))
+    dead_rank_grace_s: float = field(default=3.0, metadata=_flag(
+        "--dead-rank-grace", "seconds torchrun gets to tear a world down after a rank died "
+        "(then cpmatrix does)", metavar="S", type=float))
+    dump_wait_s: float = field(default=1.5, metadata=_flag(
+        "--dump-wait", "seconds between asking a hung world for its stacks and killing it",
+        metavar="S", type=float))
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.jobs < 1:
+            raise UsageError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.gpus is not None and self.gpus < 0:
+            raise UsageError(f"--gpus must be >= 0, got {self.gpus}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_s") and not value >= 0:
+                raise UsageError(f"{f.metadata['flag']} must be >= 0 seconds, got {value}")
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> RunOptions:
+        """The options parsed by :func:`add_run_arguments` (absent ones keep defaults)."""
+        given = vars(ns)
+        return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)
+                      if f.name in given})
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *,
+                      exclude: Collection[str] = ()) -> None:
+    """One flag per :class:`RunOptions` field (``exclude``: field names to leave out)."""
+    for f in dataclasses.fields(RunOptions):
+        if f.name in exclude:
+            continue
+        meta = f.metadata
+        parser.add_argument(meta["flag"], dest=f.name, default=f.default, help=meta["help"],
+                            **meta["argparse"])

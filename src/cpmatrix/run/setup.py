@@ -1,0 +1,161 @@
+"""A run's setup, shared by ``cpmatrix run``/``spill``, ``repro`` and the nox sessions.
+
+From the options and the selected cells to what :func:`~cpmatrix.run.session.run_cells`
+needs: the cells that fit this host's devices (the rest skipped, with why), the runner
+(and why it was chosen), the :class:`~cpmatrix.run.context.RunContext`, the interpreter's
+identity, the declared mutants, and the result cache's hits and store.
+
+Example::
+
+    prepared = prepare_run(options, matrix, cells, claim)
+    report = run_cells(prepared.cells, prepared.platforms, prepared.context, ...)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cpmatrix.errors import UsageError
+from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.matrix.schema import Cell, Matrix, Platform
+from cpmatrix.paths import IMPORT_ROOT
+from cpmatrix.result import Result
+from cpmatrix.run.cache import ActionKeys, ResultCache, default_cache_dir
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.devices import visible_cuda_devices
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors import executor_for
+from cpmatrix.run.mutants import discover_mutants
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.outdir import OutClaim
+from cpmatrix.run.plan import fit_to_devices
+from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
+from cpmatrix.run.toolchain import interpreter_identity
+
+__all__ = ["PreparedRun", "devices_for", "make_context", "prepare_run"]
+
+Store = Callable[[Cell, Result], None]
+
+
+@dataclass
+class PreparedRun:
+    """Everything a run needs beyond its cells' selection."""
+
+    cells: list[Cell]
+    #: Selected cells this host cannot run (a cuda cell wider than its GPUs), with why.
+    skipped: list[tuple[Cell, str]]
+    platforms: dict[str, Platform]
+    devices: int
+    runner: Runner
+    why_runner: str
+    context: RunContext
+    toolchain: dict[str, str]
+    mutants: dict[str, list[str]] | None
+    cached: dict[str, Result]
+    store: Store | None
+
+
+def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
+                options: RunOptions) -> tuple[int, list[Cell], list[tuple[Cell, str]], bool]:
+    """(devices in the pool, cells that fit, cells skipped with why, any cell needs one)."""
+
+    def need(cell: Cell) -> int:
+        return executor_for(cell.kind).devices_needed([Entry(cell=cell)],
+                                                      platforms[cell.platform])
+
+    needs = any(need(c) for c in cells)
+    devices = options.gpus if options.gpus is not None else (
+        visible_cuda_devices() if needs else 0)
+    if needs and devices > 0:
+        fits, skipped = fit_to_devices(cells, need=need, devices=devices)
+        return devices, fits, skipped, needs
+    return devices, list(cells), [], needs
+
+
+def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
+                 run_id: str = "") -> RunContext:
+    """The executors' shared context for a run of ``matrix`` into ``out``."""
+    return RunContext(
+        out_root=out, runner=runner, run_id=run_id, python=options.python,
+        pythonpath=(*matrix.pythonpath, str(IMPORT_ROOT)),
+        project_roots=matrix.pythonpath,
+        readonly=(str(Path(matrix.path).resolve().parent),),
+        abort_grace_s=options.abort_grace_s, startup_timeout_s=options.startup_timeout_s,
+        dump_wait_s=options.dump_wait_s, teardown_grace_s=options.teardown_grace_s,
+        dead_rank_grace_s=options.dead_rank_grace_s,
+        compile_cache=None if options.no_cache else cache_root(options) / "spill",
+    )
+
+
+def cache_root(options: RunOptions) -> Path:
+    return Path(options.cache_dir).resolve() if options.cache_dir else default_cache_dir()
+
+
+def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
+                claim: OutClaim) -> PreparedRun:
+    """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
+
+    Raises :class:`UsageError` (exit 2) for what cannot run here: cuda cells with no
+    device, an unusable runner, an interpreter that cannot run, a case whose mutants
+    cannot be read.
+    """
+    out = Path(options.out).resolve()
+    platforms = {p.name: p for p in matrix.platforms}
+    devices, fits, skipped, needs = devices_for(cells, platforms, options)
+    if needs and devices == 0:
+        raise UsageError("the selection has cuda cells but no CUDA device is visible "
+                         "(use --dry-run to check the plan on a CPU machine)")
+    if needs and options.gpus is not None:
+        seen = visible_cuda_devices()
+        if seen < options.gpus:
+            print(f"warning: --gpus {options.gpus}, but {seen} CUDA devices are visible "
+                  "here: a world given a device that is not there fails", file=sys.stderr)
+    runner, why = resolve_runner(options.runner, platforms[cells[0].platform])
+    toolchain = interpreter_identity(options.python)
+    context = make_context(matrix, out, runner, options, claim.run_id)
+    mutants = discover_mutants(matrix.pythonpath, fits, options.python) \
+        if options.mutants else None
+    cached, store = _cache_hooks(options, fits, context, platforms, mutants is not None,
+                                 toolchain)
+    atomic_write_json(out / "run.json", {"run_id": claim.run_id, "argv": sys.argv,
+                                         "toolchain": toolchain, "runner": runner.name})
+    return PreparedRun(cells=fits, skipped=skipped, platforms=platforms, devices=devices,
+                       runner=runner, why_runner=why, context=context, toolchain=toolchain,
+                       mutants=mutants, cached=cached, store=store)
+
+
+def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext,
+                 platforms: Mapping[str, Platform], mutants: bool,
+                 toolchain: Mapping[str, str]) -> tuple[dict[str, Result], Store | None]:
+    """Cached passes for ``cells`` and a function that stores new passes."""
+    if options.no_cache:
+        return {}, None
+    cache = ResultCache(cache_root(options))
+    keys = ActionKeys(search_path=context.project_roots)
+    identity = context.runner.identity()
+    allow = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    digests = {
+        c.id: keys.digest(c, runner_identity={**identity,
+                                              **executor_for(c.kind).cache_identity()},
+                          env={**allow, **dict(platforms[c.platform].env)},
+                          toolchain=toolchain)
+        for c in cells
+    }
+    hits: dict[str, Result] = {}
+    if not mutants:
+        for c in cells:
+            hit = cache.get(digests[c.id], c.id)
+            if hit is not None:
+                hits[c.id] = hit
+
+    def store(cell: Cell, result: Result) -> None:
+        try:
+            cache.put(digests[cell.id], result)
+        except OSError as exc:  # a full or read-only cache must not fail the run
+            print(f"warning: could not store {cell.id} in the cache: {exc}", file=sys.stderr)
+
+    return hits, store

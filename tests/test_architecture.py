@@ -1,0 +1,126 @@
+"""The import graph keeps its layers (docs/architecture.md): no cycle, no arrow back up.
+
+Reads every ``import`` of ``src/cpmatrix`` (top level and inside functions) without
+importing anything, maps each module to its layer, and fails on an import of a higher
+layer, on an import cycle between modules, and on a module over 500 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = SRC / "cpmatrix"
+
+#: Bottom to top. A module may import its own layer and the ones below.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
+     "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.__main__"),
+    ("cpmatrix.matrix",),
+    ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
+    ("cpmatrix.spill",),
+    ("cpmatrix.remote",),
+    ("cpmatrix.report",),
+    ("cpmatrix.run",),
+    ("cpmatrix.gate",),
+    ("cpmatrix.cli",),
+)
+#: Known exceptions, each with its reason. Keep empty.
+ALLOWED: dict[tuple[str, str], str] = {
+    # `python -m cpmatrix` runs the CLI: the package's entry point sits on top by nature.
+    ("cpmatrix.__main__", "cpmatrix.cli"): "the console entry point",
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)
+    return {m for m in found if m.startswith("cpmatrix")}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path, name) if m in modules and m != name}
+    return graph
+
+
+def _layer(module: str) -> int:
+    best, depth = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = i, len(prefix)
+    assert best >= 0, f"{module} is on no layer: add it to LAYERS (and docs/architecture.md)"
+    return best
+
+
+def test_no_import_runs_back_up_a_layer() -> None:
+    graph = _graph()
+    up = sorted((a, b) for a, targets in graph.items() for b in targets
+                if _layer(b) > _layer(a) and (a, b) not in ALLOWED
+                # A package's __init__ re-exports what is inside it.
+                and not b.startswith(a + "."))
+    assert up == [], "imports running back up a layer:\n" + "\n".join(f"{a} -> {b}"
+                                                                        for a, b in up)
+
+
+def test_there_is_no_import_cycle() -> None:
+    graph = _graph()
+    # Package __init__ -> its own submodules is a re-export, not a dependency back.
+    edges = {a: {b for b in bs if not b.startswith(a + ".")} for a, bs in graph.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_is_over_500_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= 500, f"{path.relative_to(SRC)} has {lines} lines: split it by concept"
+
+
+def test_the_checks_are_not_vacuous(tmp_path: Path) -> None:
+    """A planted back-arrow and a planted cycle are found (on a copy of the graph)."""
+    graph = _graph()
+    assert _layer("cpmatrix.matrix.load") < _layer("cpmatrix.cli.run")
+    graph["cpmatrix.matrix.load"] = {*graph["cpmatrix.matrix.load"], "cpmatrix.cli.run"}
+    assert any(_layer(b) > _layer(a) for a, bs in graph.items() for b in bs
+               if (a, b) not in ALLOWED and not b.startswith(a + "."))
