@@ -111,7 +111,8 @@ def test_there_is_no_import_cycle() -> None:
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(SRC)))
 def test_no_module_is_over_500_lines(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= 500, f"{path.relative_to(SRC)} has {lines} lines: split it by concept"
