@@ -233,7 +233,7 @@ GOOD = "version: 1\npolicies:\n  p:\n    tags: [release]\n"
          "policies.p.allow_flaky: must be true or false, got 'sometimes'"),
         ("version: 1\npolicies:\n  p:\n    keyword: 'ring and'\n", ":4:",
          "policies.p.keyword: -k 'ring and': expected a word or '(' at column 9"),
-        ("version: 1\npolicies:\n  p: {tags: [a}\n", ":3:", "invalid YAML"),
+        ("version: 1\npolicies:\n  p: {tags: [a}\n", ":3:15:", "YAML syntax error: expected"),
         ("version: 1\npolicies:\n  'bad name': {}\n", "", "policy name 'bad name' must be"),
     ],
 )

@@ -18,9 +18,9 @@ from typing import Any, Final
 
 import yaml
 
-from cpmatrix.errors import SpecError, UsageError
-from cpmatrix.matrix.load import read_spec_text, reject_duplicate_keys
+from cpmatrix.errors import UsageError
 from cpmatrix.matrix.select import parse_keyword_expr
+from cpmatrix.matrix.yamlreader import SpecReader, compose, read_spec_text
 
 __all__ = ["DEFAULT_DRIFT_KEYS", "POLICY_KEYS", "Policy", "expected_cells", "load_policies"]
 
@@ -91,98 +91,51 @@ class Policy:
         return ", ".join(parts)
 
 
-def _line_of(root: yaml.Node | None, path: Sequence[str | int]) -> tuple[int, int]:
-    """1-based line and column of the node at ``path`` (0, 0 when it cannot be found)."""
-    node, found = root, (0, 0)
-    for part in path:
-        child: yaml.Node | None = None
-        mark = None
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.value == part:
-                    # Point at the key: for an unknown key that is the whole story.
-                    child, mark = v, k.start_mark
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
-                and part < len(node.value):
-            child = node.value[part]
-            mark = child.start_mark
-        if child is None or mark is None:
-            break
-        node = child
-        found = (mark.line + 1, mark.column + 1)
-    return found
+def _policy(reader: SpecReader, name: str, key_node: yaml.Node, body: yaml.Node,
+            base: Path) -> Policy:
+    at = f"policies.{name}"
+    if not _NAME_RE.match(name):
+        raise reader.error(key_node, at, f"policy name {name!r} must be letters, digits, _ . -")
+    if not isinstance(body, yaml.MappingNode):
+        raise reader.error(body, at, "must be a mapping of settings, got "
+                           f"{reader.loader.construct_object(body, deep=True)!r}")
+    fields: dict[str, Any] = {"name": name}
+    for key, _, value in reader.mapping(body, at, POLICY_KEYS):
+        fields.update(_field(reader, key, value, f"{at}.{key}", base))
+    return Policy(**fields)
 
 
-class _Reader:
-    """Validates one gates file, raising SpecError located at the offending key."""
-
-    def __init__(self, file: str, root: yaml.Node | None) -> None:
-        self.file, self.root = file, root
-
-    def error(self, path: Sequence[str | int], message: str, allowed: str = "") -> SpecError:
-        line, col = _line_of(self.root, path)
-        dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
-        return SpecError(self.file, line, col, dotted, message, allowed)
-
-    def strings(self, value: object, path: list[str | int]) -> tuple[str, ...]:
-        if not isinstance(value, list):
-            raise self.error(path, f"must be a list of strings, got {value!r}")
-        for i, item in enumerate(value):
-            if not isinstance(item, str) or not item:
-                raise self.error([*path, i], f"must be a non-empty string, got {item!r}")
-        return tuple(value)
-
-    def number(self, value: object, path: list[str | int], *, low: float, high: float) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not low <= value <= high or math.isnan(value):
-            raise self.error(path, f"must be a number in [{low:g}, {high:g}], got {value!r}")
-        return float(value)
-
-    def flag(self, value: object, path: list[str | int]) -> bool:
-        if not isinstance(value, bool):
-            raise self.error(path, f"must be true or false, got {value!r}")
-        return value
-
-    def policy(self, name: str, body: object, base: Path) -> Policy:
-        at: list[str | int] = ["policies", name]
-        if not _NAME_RE.match(name):
-            raise self.error(at, f"policy name {name!r} must be letters, digits, _ . -")
-        if not isinstance(body, dict):
-            raise self.error(at, f"must be a mapping of settings, got {body!r}")
-        fields: dict[str, Any] = {"name": name}
-        for key, value in body.items():
-            path = [*at, key]
-            fields.update(self.field(str(key), value, path, base))
-        return Policy(**fields)
-
-    def field(self, key: str, value: object, path: list[str | int], base: Path) -> dict[str, Any]:
-        if key == "description":
-            if not isinstance(value, str):
-                raise self.error(path, f"must be a string, got {value!r}")
-            return {"description": value}
-        if key in ("tags", "platforms", "drift_keys"):
-            return {key: self.strings(value, path)}
-        if key == "matrix":
-            return {"matrices": tuple(base / p for p in self.strings(value, path))}
-        if key == "keyword":
-            if not isinstance(value, str):
-                raise self.error(path, f"must be a -k expression string, got {value!r}")
-            try:
-                parse_keyword_expr(value)
-            except UsageError as exc:
-                raise self.error(path, str(exc)) from None
-            return {"keyword": value}
-        if key in ("allow_skipped", "allow_flaky"):
-            return {key: self.flag(value, path)}
-        if key == "min_kill_rate":
-            return {key: self.number(value, path, low=0.0, high=1.0)}
-        if key == "drift_factor":
-            # Below 1 would flag a cell whose error did not grow at all.
-            return {key: None if value is None else self.number(value, path, low=1.0,
-                                                                 high=math.inf)}
-        if key == "drift_floor":
-            return {key: self.number(value, path, low=0.0, high=math.inf)}
-        raise self.error(path, f"unknown key {key!r}", ", ".join(POLICY_KEYS))
+def _field(reader: SpecReader, key: str, node: yaml.Node, path: str,
+           base: Path) -> dict[str, Any]:
+    if key == "description":
+        value = reader.loader.construct_object(node, deep=True)
+        if not isinstance(value, str):
+            raise reader.error(node, path, f"must be a string, got {value!r}")
+        return {"description": value}
+    if key in ("tags", "platforms", "drift_keys"):
+        return {key: reader.string_list(node, path)}
+    if key == "matrix":
+        return {"matrices": tuple(base / p for p in reader.string_list(node, path))}
+    if key == "keyword":
+        value = reader.loader.construct_object(node, deep=True)
+        if not isinstance(value, str):
+            raise reader.error(node, path, f"must be a -k expression string, got {value!r}")
+        try:
+            parse_keyword_expr(value)
+        except UsageError as exc:
+            raise reader.error(node, path, str(exc)) from None
+        return {"keyword": value}
+    if key in ("allow_skipped", "allow_flaky"):
+        return {key: reader.flag(node, path)}
+    if key == "min_kill_rate":
+        return {key: reader.number_in(node, path, low=0.0, high=1.0)}
+    if key == "drift_factor":
+        # Below 1 would flag a cell whose error did not grow at all.
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return {key: None}
+        return {key: reader.number_in(node, path, low=1.0, high=math.inf)}
+    assert key == "drift_floor", key  # mapping() admits only POLICY_KEYS
+    return {key: reader.number_in(node, path, low=0.0, high=math.inf)}
 
 
 #: Every key a policy may set (documented in ``matrix/gates.yaml``).
@@ -194,38 +147,34 @@ POLICY_KEYS: Final = ("description", "tags", "platforms", "keyword", "matrix", "
 def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
     """Read and validate a gates file: ``{"version": 1, "policies": {name: {...}}}``.
 
-    Raises :class:`SpecError` (exit 2) naming the file, line and key path.
+    Read with the matrix's own reader (:mod:`cpmatrix.matrix.yamlreader`): the same
+    located errors, duplicate keys refused. Raises :class:`SpecError` (exit 2).
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "gates.yaml"
-    >>> _ = f.write_text("version: 1\\npolicies:\\n  r: {tags: [release], allow_flaky: yes}\\n")
+    >>> _ = f.write_text("version: 1\npolicies:\n  r: {tags: [release], allow_flaky: yes}\n")
     >>> load_policies(f)["r"].tags
     ('release',)
     """
     file = os.fspath(path)
-    text = read_spec_text(file, "gates")
+    reader, root = compose(read_spec_text(file, "gates"), file, what="gates")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(file, line, col, "", f"invalid YAML: {problem}") from None
-    reject_duplicate_keys(file, root)
-    reader = _Reader(file, root)
-    if not isinstance(data, dict):
-        raise reader.error([], "must be a mapping with 'version: 1' and 'policies:'")
-    for key in data:
-        if key not in ("version", "policies"):
-            raise reader.error([key], f"unknown key {key!r}", "version, policies")
-    if data.get("version") != 1:
-        raise reader.error(["version"], f"must be 1, got {data.get('version')!r}")
-    policies = data.get("policies")
-    if not isinstance(policies, dict) or not policies:
-        raise reader.error(["policies"], "must map policy names to their settings")
-    base = Path(file).parent
-    return {str(name): reader.policy(str(name), body, base) for name, body in policies.items()}
+        sections = {key: (key_node, value)
+                    for key, key_node, value in reader.mapping(root, "", ("version", "policies"))}
+        if "version" not in sections:
+            raise reader.error(root, "version", "must be 1, got None")
+        version = reader.loader.construct_object(sections["version"][1], deep=True)
+        if version != 1 or isinstance(version, bool):
+            raise reader.error(sections["version"][1], "version", f"must be 1, got {version!r}")
+        policies = sections.get("policies", (root, root))[1]
+        if "policies" not in sections or not isinstance(policies, yaml.MappingNode) \
+                or not policies.value:
+            raise reader.error(policies, "policies", "must map policy names to their settings")
+        base = Path(file).parent
+        return {name: _policy(reader, name, key_node, body, base)
+                for name, key_node, body in reader.mapping(policies, "policies", None)}
+    finally:
+        reader.loader.dispose()
 
 
 def expected_cells(policy: Policy) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -15,12 +15,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from cpmatrix.cell import TORCH_DTYPES
 
 __all__ = [
+    "ALLOWED_KEYS",
+    "ARCHS",
     "AUTOCAST",
     "AXES",
     "DTYPES",
@@ -50,6 +54,55 @@ AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
 #: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
 KINDS: Final = ("parity", "property", "spill")
+#: The schema's keys, per section. A test freezes this so it only grows on purpose.
+ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude", "include",
+               "max_cells"),
+    "defaults": ("mesh", "dtype", "autocast", "path"),
+    "platform": ("backend", "device", "image", "env", "description", "max_ranks"),
+    "target": (
+        "name",
+        "case",
+        "level",
+        "kind",
+        "tags",
+        "timeout",
+        "platforms",
+        "axes",
+        "params",
+        "description",
+        "spill",
+    ),
+    "target.axes": ("mesh", "dtype", "autocast", "path"),
+    "target.spill": (
+        "signature",
+        "table",
+        "configs",
+        "archs",
+        "num_warps",
+        "num_stages",
+        "budget_bytes",
+        "expect_spill",
+    ),
+    "clause": ("target", "platform", "level", "mesh", "dtype", "autocast", "path"),
+}
+
+#: Names of environment variables and kernel parameters.
+ENV_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+#: GPU archs a spill gate compiles for, and their compute capability.
+#: Archs a spec may name → the compute capability Triton compiles for.
+#:
+#: From sm_90 on, Triton always assembles the arch-specific ``a`` variant (``sm_90a`` on an
+#: H100/H200), so the ``a`` archs measure what really runs. Plain ``sm_90`` measures the
+#: same PTX retargeted to the portable arch (it fails in ptxas if the PTX uses wgmma or
+#: setmaxnreg). Plain sm_100/sm_103/sm_120 are left out: Triton's PTX for them uses
+#: arch-specific instructions even for a row reduction (``redux.f32``), so ptxas refuses
+#: it. sm_100 and newer are assembled by the ``ptxas-blackwell`` that ships with Triton.
+ARCHS: Final[Mapping[str, int]] = MappingProxyType({
+    "sm_75": 75, "sm_80": 80, "sm_86": 86, "sm_87": 87, "sm_89": 89,
+    "sm_90": 90, "sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_120a": 120,
+})
+
 #: The standard axes, in the order they appear in a cell id.
 AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
 #: Bazel's test-size timeouts, per cell.

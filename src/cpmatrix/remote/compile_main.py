@@ -10,7 +10,6 @@ marker, then an outcome with the verdict and the measured numbers.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 import traceback
@@ -26,34 +25,7 @@ from cpmatrix.remote.protocol import (
     read_typed,
     write_typed,
 )
-from cpmatrix.spill import SpillError, SpillSpec, compile_and_measure
-
-
-def build_spec(spill: dict[str, Any], search_path: list[str]) -> SpillSpec:
-    """A SpillSpec from a cell's spill JSON (``table`` mode reads the module's table)."""
-    kernel = spill["kernel"]
-    signature = dict(spill["signature"])
-    constexprs = dict(spill["constexprs"])
-    num_warps, num_stages = spill["num_warps"], spill["num_stages"]
-    if spill.get("table"):
-        module, _, attr = kernel.partition(":")
-        for p in reversed(search_path):
-            if p not in sys.path:
-                sys.path.insert(0, p)
-        try:
-            table = getattr(importlib.import_module(module), spill["table"])
-            entry = table[attr]
-        except (ImportError, AttributeError, KeyError) as exc:
-            raise SpillError(f"{kernel}: no entry {attr!r} in {module}.{spill['table']} "
-                             f"({type(exc).__name__}: {exc})") from None
-        signature = dict(entry.get("signature", {}))
-        constexprs = {**dict(entry.get("constexprs", {})), **constexprs}
-        options = dict(entry.get("options", {}))
-        num_warps = options.get("num_warps", num_warps)
-        num_stages = options.get("num_stages", num_stages)
-    return SpillSpec(kernel=kernel, signature=signature, constexprs=constexprs,
-                     arch=spill["arch"], num_warps=num_warps, num_stages=num_stages,
-                     budget_bytes=spill["budget_bytes"], expect_spill=spill["expect_spill"])
+from cpmatrix.spill import SpillError, compile_and_measure, spec_for_cell
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         fields: dict[str, Any] = {}
         try:
-            spec = build_spec(cell.spill or {}, job.search_path)
+            spec = spec_for_cell(cell.spill or {}, job.search_path)
             report = compile_and_measure(spec, cache_dir=cache_dir, search_path=job.search_path)
             verdict = report.verdict()
             fields = {"status": "ok" if verdict.passed else "error", "message": verdict.message,

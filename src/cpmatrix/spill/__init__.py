@@ -39,7 +39,14 @@ from cpmatrix.spill._measure import (
 )
 from cpmatrix.spill._ptxas import Ptxas, PtxasStats, parse_ptxas_log, resolve_ptxas, run_ptxas
 from cpmatrix.spill._report import SpillReport, SpillVerdict
-from cpmatrix.spill._spec import ARCHS, ConstexprValue, SpillError, SpillSpec, specs_from_table
+from cpmatrix.spill._spec import (
+    ARCHS,
+    ConstexprValue,
+    SpillError,
+    SpillSpec,
+    spec_for_cell,
+    specs_from_table,
+)
 
 __all__ = [
     "ARCHS",
@@ -59,6 +66,7 @@ __all__ = [
     "parse_ptxas_log",
     "resolve_ptxas",
     "run_ptxas",
+    "spec_for_cell",
     "specs_from_table",
     "spill_digest",
 ]

@@ -18,30 +18,22 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
-__all__ = ["ARCHS", "ConstexprValue", "SpillError", "SpillSpec", "specs_from_table"]
+from cpmatrix.matrix.schema import ARCHS
+
+__all__ = ["ARCHS", "ConstexprValue", "SpillError", "SpillSpec", "spec_for_cell",
+           "specs_from_table"]
 
 #: A value a ``tl.constexpr`` parameter may take in a spec (JSON-serializable, so it can
 #: go into a digest and a report).
 ConstexprValue = int | bool | float | str
 
-#: Archs a spec may name → the compute capability Triton compiles for.
-#:
-#: From sm_90 on, Triton always assembles the arch-specific ``a`` variant (``sm_90a`` on an
-#: H100/H200), so the ``a`` archs measure what really runs. Plain ``sm_90`` measures the
-#: same PTX retargeted to the portable arch (it fails in ptxas if the PTX uses wgmma or
-#: setmaxnreg). Plain sm_100/sm_103/sm_120 are left out: Triton's PTX for them uses
-#: arch-specific instructions even for a row reduction (``redux.f32``), so ptxas refuses
-#: it. sm_100 and newer are assembled by the ``ptxas-blackwell`` that ships with Triton.
-ARCHS: Mapping[str, int] = MappingProxyType({
-    "sm_75": 75, "sm_80": 80, "sm_86": 86, "sm_87": 87, "sm_89": 89,
-    "sm_90": 90, "sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_120a": 120,
-})
 
 _KERNEL = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
@@ -191,3 +183,30 @@ def specs_from_table(module: str, table: Mapping[str, Mapping[str, Any]],
                 budget_bytes=entry.get("budget_bytes", 0),
                 expect_spill=entry.get("expect_spill", False), **options))
     return specs
+
+
+def spec_for_cell(spill: Mapping[str, Any], search_path: Sequence[str]) -> SpillSpec:
+    """A SpillSpec from a cell's spill JSON (``table`` mode reads the module's table)."""
+    kernel = spill["kernel"]
+    signature = dict(spill["signature"])
+    constexprs = dict(spill["constexprs"])
+    num_warps, num_stages = spill["num_warps"], spill["num_stages"]
+    if spill.get("table"):
+        module, _, attr = kernel.partition(":")
+        for p in reversed(search_path):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        try:
+            table = getattr(importlib.import_module(module), spill["table"])
+            entry = table[attr]
+        except (ImportError, AttributeError, KeyError) as exc:
+            raise SpillError(f"{kernel}: no entry {attr!r} in {module}.{spill['table']} "
+                             f"({type(exc).__name__}: {exc})") from None
+        signature = dict(entry.get("signature", {}))
+        constexprs = {**dict(entry.get("constexprs", {})), **constexprs}
+        options = dict(entry.get("options", {}))
+        num_warps = options.get("num_warps", num_warps)
+        num_stages = options.get("num_stages", num_stages)
+    return SpillSpec(kernel=kernel, signature=signature, constexprs=constexprs,
+                     arch=spill["arch"], num_warps=num_warps, num_stages=num_stages,
+                     budget_bytes=spill["budget_bytes"], expect_spill=spill["expect_spill"])

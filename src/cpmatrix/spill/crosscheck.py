@@ -77,9 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
     from cpmatrix.matrix.select import select_cells
-    from cpmatrix.remote.compile_main import build_spec
     from cpmatrix.spill._crosscheck import crosscheck_loaded
-    from cpmatrix.spill._spec import ARCHS, SpillError
+    from cpmatrix.spill._spec import ARCHS, SpillError, spec_for_cell
 
     p = argparse.ArgumentParser(prog="python -m cpmatrix.spill.crosscheck",
                                 description=__doc__.splitlines()[0] if __doc__ else None)
@@ -130,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cell in chosen:
         t0 = time.monotonic()
         try:
-            spec = build_spec(cell.spill_spec(), search_path)
+            spec = spec_for_cell(cell.spill_spec(), search_path)
             if args.dry_run:
                 print(f"{cell.id}  {spec.kernel} {spec.constexprs} num_warps={spec.num_warps}")
                 continue
