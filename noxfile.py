@@ -52,7 +52,7 @@ def _choose_runner(platform: str) -> tuple[str, str]:
     from cpmatrix.matrix.load import load_matrix
     from cpmatrix.run.runners import resolve_runner
 
-    runner, why = resolve_runner("auto", load_matrix(MATRIX).platform(platform))
+    runner, why = resolve_runner("auto", load_matrix(MATRIX).platform(platform), MATRIX.parent)
     return runner.name, why
 
 

@@ -43,7 +43,7 @@ def write_matrix(directory: Path, targets: int, seq: int) -> Path:
         "  autocast: [off, on]",
         "  path: [reference, kernel]",
         "platforms:",
-        "  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}",
+        "  cpu: {backend: gloo, device: cpu}",
         "targets:",
     ]
     for t in range(targets):

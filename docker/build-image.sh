@@ -17,7 +17,7 @@ root=$(dirname "$here")
 python=${PYTHON:-python3}
 
 # cpmatrix.run.runners.image needs only the standard library, so any Python 3.11+ can run it from src/.
-image_py() { PYTHONPATH="$root/src" "$python" -m cpmatrix.run.runners.image "$@"; }
+image_py() { PYTHONPATH="$root/src" "$python" -m cpmatrix.run.runners.image "$@" --docker-dir "$here"; }
 
 base=${BASE:-$(image_py base "$platform")}
 if ! docker image inspect "$base" >/dev/null 2>&1; then

@@ -9,7 +9,7 @@ HEAD = """\
 version: 1
 pythonpath: [cases]
 platforms:
-  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}
+  cpu: {backend: gloo, device: cpu}
 """
 
 

@@ -119,7 +119,7 @@ def test_matrix_with_no_cell_exits_3_and_says_why(
     path.write_text("""\
 version: 1
 pythonpath: [cases]
-platforms: {cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}}
+platforms: {cpu: {backend: gloo, device: cpu}}
 targets:
   - {name: a, case: "tiny:ok", level: unit, axes: {dtype: [fp32, fp64], path: kernel}}
 exclude:
@@ -182,7 +182,7 @@ def test_why_excluded_names_the_kernel_constraint(
     path = tmp_path / "m.yaml"
     path.write_text("""\
 version: 1
-platforms: {cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}}
+platforms: {cpu: {backend: gloo, device: cpu}}
 targets:
   - {name: a, case: "cpmatrix.matrix.schema:Mesh", level: unit,
      axes: {dtype: [fp64, fp32], path: kernel}}

@@ -81,9 +81,9 @@ def test_editing_a_platform_changes_only_its_cells(tmp_path: Path) -> None:
     matrix_file = copy_fixture(tmp_path)
     before = id_digests(matrix_file)
     text = matrix_file.read_text()
-    matrix_file.write_text(text.replace(
-        "image: docker/cuda.Dockerfile}", "image: docker/cuda.Dockerfile, env: {X: '1'}}"
-    ))
+    edited = text.replace("device: cuda}", "device: cuda, env: {X: '1'}}")
+    assert edited != text
+    matrix_file.write_text(edited)
     after = id_digests(matrix_file)
     assert before.keys() == after.keys()
     changed = {i for i in before if before[i] != after[i]}
@@ -109,10 +109,9 @@ def test_edits_that_do_not_change_a_cell_keep_its_digest(tmp_path: Path) -> None
     end = text.index("exclude:")
     reordered = text[:start] + text[middle:end] + text[start:middle] + text[end:]
     reordered = reordered.replace("pythonpath: [cases]", "pythonpath: [./cases/]  # moved")
-    reordered = reordered.replace(
-        "image: docker/cpu.Dockerfile,", "image: docker/cpu.Dockerfile, description: words,"
-    )
-    assert reordered != text
+    described = reordered.replace("device: cpu,", "device: cpu, description: words,")
+    assert described != reordered
+    reordered = described
     matrix_file.write_text("# a new comment\n" + reordered)
     assert id_digests(matrix_file) == before
 

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from cpmatrix.matrix.load import load_matrix
 from cpmatrix.run.runners import get_runner
 
 ROOT = Path(__file__).parent.parent
+#: The platform whose image the docker runner runs (matrix/parity.yaml's cpu).
+_CPU = load_matrix(ROOT / "matrix" / "parity.yaml").platform("cpu")
 SELECTION = ("(ring_attention and 2x2 and fp64 and n=5) or (layernorm and 1x2 and fp64 and n=5)"
              " or (train_step_single and 1x1 and fp64)")
 
@@ -23,7 +26,7 @@ SELECTION = ("(ring_attention and 2x2 and fp64 and n=5) or (layernorm and 1x2 an
 def test_suite_cells_pass_in_a_container(tmp_path: Path) -> None:
     if shutil.which("docker") is None:
         pytest.skip("docker is not installed")
-    why = get_runner("docker", platform="cpu").unavailable()
+    why = get_runner("docker", _CPU, ROOT / "matrix").unavailable()
     assert why is None, f"docker installed but unusable (CI builds the image): {why}"
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -27,13 +27,13 @@ from matrix_files import HEAD, write_matrix
 PLATFORMS = """\
 version: 1
 platforms:
-  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}
-  cuda: {backend: nccl, device: cuda, image: docker/cuda.Dockerfile}
+  cpu: {backend: gloo, device: cpu}
+  cuda: {backend: nccl, device: cuda}
 """
 CPU_ONLY = """\
 version: 1
 platforms:
-  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}
+  cpu: {backend: gloo, device: cpu}
 """
 
 
@@ -85,8 +85,8 @@ EXPANSIONS = [
         id="product-autocast-path-and-two-params",
     ),
     pytest.param(
-        PLATFORMS.replace("  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}\n", "")
-        + "  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}\n"
+        PLATFORMS.replace("  cpu: {backend: gloo, device: cpu}\n", "")
+        + "  cpu: {backend: gloo, device: cpu}\n"
         + "targets:\n" + t("a", axes="{mesh: [1x1, 1x2]}") + t("b"),
         ["a:1x1,fp64,off,reference@cuda", "a:1x2,fp64,off,reference@cuda",
          "a:1x1,fp64,off,reference", "a:1x2,fp64,off,reference",

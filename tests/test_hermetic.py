@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from cpmatrix.matrix.load import load_matrix
 from cpmatrix.run.runners import get_runner
 
 RES = Path(__file__).parent / "resources"
+ROOT = RES.parent.parent
+#: The platform whose image the docker runner runs (matrix/parity.yaml's cpu).
+_CPU = load_matrix(ROOT / "matrix" / "parity.yaml").platform("cpu")
 CELL_2X2 = "interfaces[unit,2x2,fp64,autocast=off,reference]@cpu"
 
 
@@ -27,7 +31,7 @@ def unavailable(name: str) -> str | None:
     program = {"sandbox": "bwrap", "docker": "docker"}.get(name)
     if program and shutil.which(program) is None:
         return f"{program} is not installed"
-    why = get_runner(name, platform="cpu").unavailable()
+    why = get_runner(name, _CPU, ROOT / "matrix").unavailable()
     if why:
         pytest.fail(f"{name} runner installed but unusable: {why}")
     return None

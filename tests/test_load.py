@@ -156,8 +156,8 @@ def test_platforms_keep_env_and_order(tmp_path: Path) -> None:
     m = parse_matrix("""\
 version: 1
 platforms:
-  cuda: {backend: nccl, device: cuda, image: docker/cuda.Dockerfile}
-  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile, env: {TRITON_INTERPRET: 1}}
+  cuda: {backend: nccl, device: cuda}
+  cpu: {backend: gloo, device: cpu, env: {TRITON_INTERPRET: 1}}
 targets: [{name: a, case: "m:f", level: unit, platforms: [cpu]}]
 """)
     assert [p.name for p in m.platforms] == ["cuda", "cpu"]

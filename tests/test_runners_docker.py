@@ -134,10 +134,20 @@ def test_a_comma_in_a_path_is_refused() -> None:
         docker_run_argv(launch, image="img:1")
 
 
-def test_unknown_platform_is_refused() -> None:
-    with pytest.raises(ValueError, match="platform"):
-        DockerRunner(image="x", platform="tpu")
+def test_unknown_device_is_refused() -> None:
+    with pytest.raises(ValueError, match="device"):
+        DockerRunner(image="x", device="tpu")
     assert isinstance(get_runner("docker"), DockerRunner)
+
+
+def test_the_platforms_image_is_its_dockerfile_relative_to_the_matrix() -> None:
+    from cpmatrix.matrix.load import load_matrix
+
+    matrix = load_matrix(ROOT / "matrix" / "parity.yaml")
+    runner = get_runner("docker", matrix.platform("cpu"), ROOT / "matrix")
+    assert isinstance(runner, DockerRunner)
+    assert runner.dockerfile == ROOT / "docker" / "cpu.Dockerfile" and runner.flavor == "cpu"
+    assert get_runner("docker", matrix.platform("cuda"), ROOT / "matrix").device == "cuda"
 
 
 def test_engine_that_does_not_answer_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,12 +192,14 @@ def test_default_base_comes_from_the_dockerfile() -> None:
 
 
 def test_image_ref_of_the_checkout() -> None:
-    ref = image.image_ref("cpu", docker="no-such-docker-here")  # no engine: base id unknown
+    docker_dir = ROOT / "docker"
+    # no engine: base id unknown
+    ref = image.image_ref("cpu", docker_dir=docker_dir, docker="no-such-docker-here")
     name, tag = ref.split(":")
     assert name == "cpmatrix-cpu" and len(tag) == 16
-    assert image.main(["base", "cpu"]) == 0
-    with pytest.raises(ValueError, match="platform"):
-        image.image_ref("tpu")
+    assert image.main(["base", "cpu", "--docker-dir", str(docker_dir)]) == 0
+    with pytest.raises(FileNotFoundError, match=r"tpu\.Dockerfile"):
+        image.image_ref("tpu", docker_dir=docker_dir)
 
 
 # ----------------------------------------------------------------------------- real
@@ -195,7 +207,7 @@ def test_image_ref_of_the_checkout() -> None:
 
 @pytest.fixture(scope="module")
 def runner() -> DockerRunner:
-    docker = DockerRunner()
+    docker = DockerRunner(dockerfile=ROOT / "docker" / "cpu.Dockerfile")
     reason = docker.unavailable()
     if reason is not None and ("not installed" in reason or "engine" in reason):
         pytest.skip(f"docker tests need a running engine: {reason}")

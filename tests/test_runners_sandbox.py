@@ -159,8 +159,8 @@ def test_get_runner_builds_it() -> None:
     runner = get_runner("sandbox")
     assert isinstance(runner, SandboxRunner)
     assert runner.identity() == {"runner": "sandbox"}
-    with pytest.raises(ValueError, match="platform"):
-        SandboxRunner(platform="tpu")
+    with pytest.raises(ValueError, match="device"):
+        SandboxRunner(device="tpu")
 
 
 def test_missing_bwrap_is_a_reason() -> None:

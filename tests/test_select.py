@@ -85,8 +85,8 @@ def test_nesting_up_to_the_limit_is_fine() -> None:
 MATRIX = parse_matrix("""\
 version: 1
 platforms:
-  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}
-  cuda: {backend: nccl, device: cuda, image: docker/cuda.Dockerfile}
+  cpu: {backend: gloo, device: cpu}
+  cuda: {backend: nccl, device: cuda}
 targets:
   - {name: ring, case: "a:ring", level: unit, tags: [attention, fast], axes: {mesh: [1x1, 2x2]}}
   - {name: gather, case: "a:gather", level: layer, tags: [collective, fast], platforms: [cpu]}

@@ -248,7 +248,7 @@ def test_a_case_that_does_not_compare_lets_its_mutant_survive(tmp_path: Path) ->
     (tmp_path / "vacuous_cases.py").write_text(VACUOUS_CASE)
     (tmp_path / "vacuous.yaml").write_text(
         "version: 1\npythonpath: [\".\"]\n"
-        "platforms:\n  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}\n"
+        "platforms:\n  cpu: {backend: gloo, device: cpu}\n"
         "targets:\n  - {name: vacuous, case: \"vacuous_cases:forgets_to_compare\", "
         "level: layer, timeout: short, axes: {mesh: [1x2], dtype: [fp64]}}\n")
     run = _run(tmp_path / "out", "--matrix", str(tmp_path / "vacuous.yaml"), "--mutants")

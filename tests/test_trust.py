@@ -171,7 +171,7 @@ def _shadow_project(root: Path, declared_passes: bool) -> Path:
     (root / "a" / "b" / "cases.py").write_text(f"def t(cell):\n    {body}\n")
     matrix = root / "a" / "b" / "m.yaml"
     matrix.write_text("version: 1\npythonpath: [.]\nplatforms:\n"
-                      "  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}\n"
+                      "  cpu: {backend: gloo, device: cpu}\n"
                       "targets:\n  - {name: t, case: 'cases:t', level: unit, "
                       "axes: {mesh: [1x2]}}\n")
     return matrix
@@ -253,7 +253,7 @@ def test_the_cache_key_covers_the_interpreter_and_its_packages(tmp_path: Path) -
         "    assert cpmatrix_probe.VERSION == 1, f'probe {cpmatrix_probe.VERSION}'\n")
     matrix = tmp_path / "m.yaml"
     matrix.write_text("version: 1\npythonpath: [cases]\nplatforms:\n"
-                      "  cpu: {backend: gloo, device: cpu, image: docker/cpu.Dockerfile}\n"
+                      "  cpu: {backend: gloo, device: cpu}\n"
                       "targets:\n  - {name: t, case: 'probe_case:t', level: unit}\n")
     cache = str(tmp_path / "cache")
     first = run_cli("run", "--matrix", str(matrix), "--python", py1, "--cache-dir", cache,

@@ -39,8 +39,8 @@ def test_a_mesh_beyond_the_platforms_rank_limit_is_refused(
     assert rc == 2, err
     assert f"{path}:6:" in err and "10000 ranks" in err and "max_ranks (64)" in err, err
     # The limit is the platform's, and raising it on purpose works.
-    raised = HEAD.replace("image: docker/cpu.Dockerfile}", "image: docker/cpu.Dockerfile, "
-                          "max_ranks: 10000}")
+    raised = HEAD.replace("device: cpu}", "device: cpu, max_ranks: 10000}")
+    assert raised != HEAD
     path.write_text(raised + "targets:\n"
                     "  - {name: a, case: 'tiny:ok', level: unit, axes: {mesh: [100x100]}}\n")
     assert main(["list", "--matrix", str(path)]) == 0

@@ -114,7 +114,8 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
         if seen < options.gpus:
             print(f"warning: --gpus {options.gpus}, but {seen} CUDA devices are visible "
                   "here: a world given a device that is not there fails", file=sys.stderr)
-    runner, why = resolve_runner(options.runner, platforms[cells[0].platform])
+    runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
+                                 Path(matrix.path).resolve().parent)
     toolchain = interpreter_identity(options.python)
     context = make_context(matrix, out, runner, options, claim.run_id)
     mutants = discover_mutants(matrix.pythonpath, fits, options.python) \

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 from cpmatrix.errors import UsageError
@@ -28,12 +29,17 @@ from cpmatrix.run.runners.sandbox import SandboxRunner
 __all__ = ["ENV_ALLOW", "Launch", "Runner", "get_runner", "hermetic_env", "resolve_runner",
            "runner_names"]
 
-#: name -> factory taking the platform name. ``auto`` tries them in this order, after
-#: docker and sandbox are checked for being usable here.
-_RUNNERS: Final[dict[str, Callable[[str], Runner]]] = {
-    "local": lambda platform: LocalRunner(),
-    "sandbox": lambda platform: SandboxRunner(platform=platform),
-    "docker": lambda platform: DockerRunner(platform=platform),
+def _docker(platform: Platform | None, base_dir: Path) -> Runner:
+    dockerfile = (base_dir / platform.image).resolve() if platform and platform.image else None
+    return DockerRunner(dockerfile=dockerfile, device=platform.device if platform else "cpu")
+
+
+#: name -> factory(platform, the matrix file's folder).
+_RUNNERS: Final[dict[str, Callable[[Platform | None, Path], Runner]]] = {
+    "local": lambda platform, base_dir: LocalRunner(),
+    "sandbox": lambda platform, base_dir: SandboxRunner(
+        device=platform.device if platform else "cpu"),
+    "docker": _docker,
 }
 
 
@@ -41,13 +47,15 @@ def runner_names() -> tuple[str, ...]:
     return tuple(_RUNNERS)
 
 
-def get_runner(name: str, platform: str = "cpu") -> Runner:
-    """The runner called ``name`` for ``platform``; ValueError for an unknown one."""
+def get_runner(name: str, platform: Platform | None = None,
+               base_dir: str | Path = ".") -> Runner:
+    """The runner called ``name`` for ``platform`` (``image:`` relative to ``base_dir``,
+    the matrix file's folder); ValueError for an unknown runner."""
     try:
         factory = _RUNNERS[name]
     except KeyError:
         raise ValueError(f"unknown runner {name!r} (allowed: {', '.join(_RUNNERS)})") from None
-    return factory(platform)
+    return factory(platform, Path(base_dir))
 
 
 def _no_image(platform: Platform) -> str | None:
@@ -58,18 +66,20 @@ def _no_image(platform: Platform) -> str | None:
     return f"platform {platform.name!r} declares no image{where}"
 
 
-def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
+def resolve_runner(name: str, platform: Platform,
+                   base_dir: str | Path = ".") -> tuple[Runner, str]:
     """The runner called ``name`` (``auto``: docker > sandbox > local) and why it was chosen.
 
     Raises UsageError when the named runner cannot run here.
     """
     no_image = _no_image(platform)
     if name == "docker" and no_image:
-        raise UsageError(f"--runner docker: {no_image}; add `image: docker/{platform.name}"
-                         ".Dockerfile` to it, or choose --runner local or sandbox")
+        raise UsageError(f"--runner docker: {no_image}; add `image: <path>/<flavor>.Dockerfile` "
+                         "(relative to the matrix file) to it, or choose --runner local or "
+                         "sandbox")
     if name != "auto":
         try:
-            runner = get_runner(name, platform=platform.name)
+            runner = get_runner(name, platform, base_dir)
         except (ValueError, ImportError) as exc:
             raise UsageError(str(exc)) from None
         why_not = runner.unavailable()
@@ -82,7 +92,7 @@ def resolve_runner(name: str, platform: Platform) -> tuple[Runner, str]:
             reasons.append(f"docker: {no_image}")
             continue
         try:
-            runner = get_runner(candidate, platform=platform.name)
+            runner = get_runner(candidate, platform, base_dir)
         except (ValueError, ImportError) as exc:
             reasons.append(f"{candidate}: {exc}")
             continue

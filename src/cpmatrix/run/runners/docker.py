@@ -192,8 +192,10 @@ def _last_line(text: str) -> str:
 class DockerRunner:
     """torchrun in ``docker run --network=none`` from the platform's image.
 
-    ``image`` defaults to ``cpmatrix-<platform>:<tag>`` for the checkout's Dockerfile
-    (see :mod:`cpmatrix.run.runners.image`; ``docker/build-image.sh`` builds it).
+    ``image`` defaults to ``cpmatrix-<flavor>:<tag>`` for the platform's Dockerfile
+    (``image:`` in the matrix, relative to the matrix file; ``<flavor>.Dockerfile`` with
+    ``requirements-<flavor>.txt`` beside it; see :mod:`cpmatrix.run.runners.image`;
+    ``docker/build-image.sh <flavor>`` builds it).
 
     Example::
 
@@ -207,22 +209,33 @@ class DockerRunner:
     shares_pid_namespace = True
 
     def __init__(
-        self, *, image: str | None = None, platform: str = "cpu", docker: str | None = None
+        self, *, image: str | None = None, dockerfile: Path | None = None,
+        device: str = "cpu", docker: str | None = None,
     ) -> None:
-        if platform not in _image.PLATFORMS:
-            raise ValueError(
-                f"docker platform must be one of {', '.join(_image.PLATFORMS)}, not {platform!r}"
-            )
-        self.platform = platform
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"docker device must be 'cpu' or 'cuda', not {device!r}")
+        self.device = device
+        self.dockerfile = dockerfile
         self.docker = docker or shutil.which("docker") or "docker"
         self._image = image
         self._image_id: str | None = None
 
     @property
+    def flavor(self) -> str:
+        """The image's name part: ``cpu`` for ``cpu.Dockerfile`` (or ``cpmatrix-cpu:...``)."""
+        if self.dockerfile is not None:
+            return self.dockerfile.name.removesuffix(".Dockerfile")
+        name = (self._image or "").partition(":")[0]
+        return name.removeprefix("cpmatrix-") if name.startswith("cpmatrix-") else "?"
+
+    @property
     def image(self) -> str:
-        """The image reference (resolved from the checkout's docker/ on first use)."""
+        """The image reference (named from the platform's Dockerfile on first use)."""
         if self._image is None:
-            self._image = _image.image_ref(self.platform, docker=self.docker)
+            if self.dockerfile is None:
+                raise ValueError("the platform declares no image")
+            self._image = _image.image_ref(self.flavor, docker_dir=self.dockerfile.parent,
+                                           docker=self.docker)
         return self._image
 
     def _docker(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -248,9 +261,9 @@ class DockerRunner:
             return f"no image to run: {exc}; pass image=NAME"
         self._image_id = _image.local_image_id(image, docker=self.docker)
         if self._image_id is None:
-            how = "docker/make-base.sh && " if self.platform == "cpu" else ""
-            return f"image {image} not found; build it: {how}docker/build-image.sh {self.platform}"
-        if self.platform == "cuda" and shutil.which("nvidia-container-cli") is None:
+            how = "docker/make-base.sh && " if self.flavor == "cpu" else ""
+            return f"image {image} not found; build it: {how}docker/build-image.sh {self.flavor}"
+        if self.device == "cuda" and shutil.which("nvidia-container-cli") is None:
             return "--gpus needs the NVIDIA Container Toolkit (nvidia-container-cli not found)"
         return None
 
@@ -261,7 +274,7 @@ class DockerRunner:
             launch,
             image=self.image,
             docker=self.docker,
-            gpus=self.platform == "cuda",
+            gpus=self.device == "cuda",
             hosts=hosts_file(),
             # The caller's ids: files in the output folder belong to whoever ran cpmatrix.
             user=f"{os.getuid()}:{os.getgid()}",

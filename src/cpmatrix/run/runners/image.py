@@ -1,14 +1,15 @@
 """Names of the docker runner's images: a tag derived from everything that goes into one.
 
-An image is ``cpmatrix-<platform>:<tag>`` where the tag hashes the platform's Dockerfile,
-its pinned wheel list (``docker/requirements-<platform>.txt``) and the base image (its
-reference and, when present locally, its id). The same inputs name the same image, so
+An image is ``cpmatrix-<flavor>:<tag>`` where ``<flavor>.Dockerfile`` is a platform's
+``image:`` and the tag hashes that Dockerfile, the pinned wheel list beside it
+(``requirements-<flavor>.txt``) and the base image (its reference and, when present
+locally, its id). The same inputs name the same image, so
 ``docker/build-image.sh`` reuses an image that exists, and an edit to any input names a
 new one. Only the tag lives here (pure, plus one ``docker image inspect``); the build is
 in ``docker/build-image.sh``, which asks this module for the name:
 
-    python -m cpmatrix.run.runners.image ref cpu        # -> cpmatrix-cpu:3f0c...
-    python -m cpmatrix.run.runners.image base cpu       # -> cpmatrix-base:bookworm
+    python -m cpmatrix.run.runners.image ref cpu --docker-dir docker   # cpmatrix-cpu:3f0c...
+    python -m cpmatrix.run.runners.image base cpu --docker-dir docker  # cpmatrix-base:bookworm
 
 Example::
 
@@ -28,20 +29,13 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from cpmatrix.paths import IMPORT_ROOT
-
 __all__ = [
-    "DOCKER_DIR",
-    "PLATFORMS",
     "default_base",
     "image_ref",
     "image_tag",
     "local_image_id",
 ]
 
-#: The docker/ folder of a source checkout (src/cpmatrix/image.py -> ../../docker).
-DOCKER_DIR: Final = IMPORT_ROOT.parent / "docker"
-PLATFORMS: Final = ("cpu", "cuda")
 
 #: Bumped when the meaning of the tag changes, so old images are never reused by mistake.
 _TAG_SCHEME: Final = b"cpmatrix-image-1"
@@ -81,31 +75,25 @@ def local_image_id(ref: str, *, docker: str = "docker", timeout: float = 30) -> 
     return image_id if done.returncode == 0 and image_id.startswith("sha256:") else None
 
 
-def _inputs(platform: str, docker_dir: Path) -> tuple[bytes, bytes]:
-    if platform not in PLATFORMS:
-        raise ValueError(f"unknown platform {platform!r} (allowed: {', '.join(PLATFORMS)})")
-    dockerfile = docker_dir / f"{platform}.Dockerfile"
-    requirements = docker_dir / f"requirements-{platform}.txt"
+def _inputs(flavor: str, docker_dir: Path) -> tuple[bytes, bytes]:
+    dockerfile = docker_dir / f"{flavor}.Dockerfile"
+    requirements = docker_dir / f"requirements-{flavor}.txt"
     for path in (dockerfile, requirements):
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: image names need a source checkout")
+            raise FileNotFoundError(f"{path} is missing: an image needs {flavor}.Dockerfile "
+                                    f"and requirements-{flavor}.txt side by side")
     return dockerfile.read_bytes(), requirements.read_bytes()
 
 
-def image_ref(
-    platform: str,
-    *,
-    docker_dir: Path = DOCKER_DIR,
-    base: str | None = None,
-    docker: str = "docker",
-) -> str:
-    """``cpmatrix-<platform>:<tag>`` for the current Dockerfile, wheel list and base."""
-    dockerfile, requirements = _inputs(platform, docker_dir)
+def image_ref(flavor: str, *, docker_dir: Path, base: str | None = None,
+              docker: str = "docker") -> str:
+    """``cpmatrix-<flavor>:<tag>`` for the Dockerfile, wheel list and base in ``docker_dir``."""
+    dockerfile, requirements = _inputs(flavor, docker_dir)
     base = base or default_base(dockerfile.decode())
     tag = image_tag(
         dockerfile, requirements, base=base, base_id=local_image_id(base, docker=docker)
     )
-    return f"cpmatrix-{platform}:{tag}"
+    return f"cpmatrix-{flavor}:{tag}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpmatrix.run.runners.image",
                                      description=__doc__)
     parser.add_argument("what", choices=("ref", "base"))
-    parser.add_argument("platform", choices=PLATFORMS)
+    parser.add_argument("platform", help="the image's flavor: <flavor>.Dockerfile")
     parser.add_argument("--base", help="base image (default: the Dockerfile's ARG BASE)")
-    parser.add_argument("--docker-dir", type=Path, default=DOCKER_DIR)
+    parser.add_argument("--docker-dir", type=Path, default=Path("docker"),
+                        help="the folder of the Dockerfile (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         if args.what == "base":

@@ -234,7 +234,7 @@ def _probe(bwrap: str) -> str | None:
 class SandboxRunner:
     """torchrun inside bubblewrap with a loopback-only network and read-only inputs.
 
-    ``platform="cuda"`` also binds the GPU device nodes (those in ``launch.devices``, or
+    ``device="cuda"`` also binds the GPU device nodes (those in ``launch.devices``, or
     every /dev/nvidiaN when it is empty).
 
     Example::
@@ -248,10 +248,10 @@ class SandboxRunner:
     #: Ranks run in the host's pid namespace, so their reported pids may be signalled.
     shares_pid_namespace = True
 
-    def __init__(self, *, bwrap: str | None = None, platform: str = "cpu") -> None:
-        if platform not in ("cpu", "cuda"):
-            raise ValueError(f"sandbox platform must be 'cpu' or 'cuda', not {platform!r}")
-        self.platform = platform
+    def __init__(self, *, bwrap: str | None = None, device: str = "cpu") -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"sandbox device must be 'cpu' or 'cuda', not {device!r}")
+        self.device = device
         self.bwrap = bwrap or shutil.which("bwrap") or "bwrap"
 
     def unavailable(self) -> str | None:
@@ -267,7 +267,7 @@ class SandboxRunner:
         argv = sandbox_argv(
             launch,
             bwrap=self.bwrap,
-            gpus=self.platform == "cuda",
+            gpus=self.device == "cuda",
             extra_readonly=python_roots(launch),
             hosts=hosts_file(),
         )
