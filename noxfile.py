@@ -128,7 +128,7 @@ def gate(session: nox.Session) -> None:
 
 #: The Triton versions the kernel path is tested with: the newest patch of every minor
 #: release on the package index from 3.6 (the pin of ``.ci/install``) on. pyproject's
-#: ``kernels`` range is exactly these; tests/test_noxfile.py holds the two together.
+#: ``kernels`` range is exactly these; tests/e2e/test_noxfile.py holds the two together.
 TRITON_VERSIONS = ["3.6.0", "3.7.1", "3.8.0", "3.9.0"]
 
 
@@ -157,7 +157,7 @@ def compat(session: nox.Session, triton: str) -> None:
     # The spill measurement's and the kernels' own tests; the world test of
     # test_suite_kernels.py is left out: it runs a subset of the cells above.
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "tests/test_spill.py", "tests/suite/test_suite_kernels.py", "--deselect",
+                "tests/unit/test_spill.py", "tests/suite/test_suite_kernels.py", "--deselect",
                 "tests/suite/test_suite_kernels.py::"
                 "test_layer_norm_backward_cells_pass_on_real_worlds")
 

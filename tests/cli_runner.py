@@ -15,12 +15,13 @@ from typing import Any
 RES = Path(__file__).parent / "resources"
 
 
-def run_cli(*args: str, timeout: float = 600,
-            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m cpmatrix ARGS``; stdout and stderr captured as text."""
+def run_cli(*args: str, timeout: float = 600, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m cpmatrix ARGS`` (``env`` added to this environment); output as text."""
     return subprocess.run(
         [sys.executable, "-m", "cpmatrix", *args], capture_output=True, text=True,
-        timeout=timeout, check=False, env=None if env is None else {**os.environ, **env},
+        timeout=timeout, check=False, cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

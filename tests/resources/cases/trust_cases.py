@@ -1,4 +1,4 @@
-"""Cases that try to make cpmatrix report PASS for failing code (tests/test_trust.py).
+"""Cases that try to make cpmatrix report PASS for failing code (tests/worlds/test_trust.py).
 
 Each one is an adversarial neighbour: it changes process state, breaks the world, or
 writes text XML cannot hold. The cell after it must still get its true verdict.

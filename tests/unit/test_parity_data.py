@@ -1,7 +1,7 @@
 """The synthetic data stack and the layout half of the distributor (pure, no process group).
 
 The sharding half (DTensors at the declared placements) runs in the token_pool case of
-tests/test_parity_worlds.py on real 1x1, 1x2 and 2x2 worlds.
+tests/worlds/test_parity_worlds.py on real 1x1, 1x2 and 2x2 worlds.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from cpmatrix.digest import (
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parents[1] / "resources"
 GRID = RESOURCES / "grid.yaml"
 
 

@@ -36,9 +36,9 @@ from cpmatrix.spill import (
 )
 from cpmatrix.spill._ptxas import retarget_ptx, summarize
 
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parents[1] / "resources"
 SEARCH = (str(RESOURCES),)
-SUITE_KERNELS = Path(__file__).parents[1] / "src" / "cpmatrix" / "suite" / "kernels"
+SUITE_KERNELS = Path(__file__).parents[2] / "src" / "cpmatrix" / "suite" / "kernels"
 SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_cols": "i32", "stride": "i32",
        "BLOCK": "constexpr"}
 #: The cheapest configuration found that spills on every arch (see spill_kernels.py).

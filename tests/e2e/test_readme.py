@@ -10,7 +10,7 @@ import pytest
 
 from cli_runner import run_cli
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def _block(lang: str, index: int = 0) -> str:

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-RES = Path(__file__).parent / "resources"
+from cli_runner import run_cli as cli
+
+RES = Path(__file__).parents[1] / "resources"
 REPORTS = RES / "reports"
 POLICIES = RES / "gates" / "policies.yaml"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpmatrix", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
 
 
 @pytest.mark.parametrize(("report", "code"), [("green.xml", 0), ("failed.xml", 1),

@@ -1,6 +1,6 @@
 """The anti-vacuous checks on a fake world: every rank a thread, the collectives an
 in-memory rendezvous (``tests/fake_mesh.py``), so the code that gathers runs end to end in
-milliseconds. The real gloo collectives run in tests/test_parity_worlds.py."""
+milliseconds. The real gloo collectives run in tests/worlds/test_parity_worlds.py."""
 
 from __future__ import annotations
 

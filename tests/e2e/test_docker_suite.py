@@ -14,7 +14,7 @@ import pytest
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.run.runners import get_runner
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 #: The platform whose image the docker runner runs (matrix/parity.yaml's cpu).
 _CPU = load_matrix(ROOT / "matrix" / "parity.yaml").platform("cpu")
 SELECTION = ("(ring_attention and 2x2 and fp64 and n=5) or (layernorm and 1x2 and fp64 and n=5)"

@@ -24,7 +24,7 @@ from cpmatrix.run.runners import Launch, get_runner, hermetic_env, image
 from cpmatrix.run.runners.docker import DockerRunner, container_argv, docker_run_argv
 from runner_probes import PROBE, SECRET, WORLD
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
 

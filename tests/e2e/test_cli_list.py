@@ -13,7 +13,7 @@ from cpmatrix.cli import main
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parents[1] / "resources"
 GRID = RESOURCES / "grid.yaml"
 GRID_CELLS = expand(load_matrix(GRID)).cells
 JSON_KEYS = {"id", "target", "level", "mesh", "world_size", "dtype", "autocast", "path",

@@ -22,7 +22,7 @@ import pytest
 
 from cpmatrix.parity import EntropyError, assert_entropy, load_fingerprints
 
-RES = Path(__file__).parent / "resources" / "parity"
+RES = Path(__file__).parents[1] / "resources" / "parity"
 
 pytestmark = pytest.mark.slow
 

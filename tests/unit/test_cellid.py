@@ -1,7 +1,7 @@
 """Cell ids: unique, made of safe characters, and parsing back into the cell they name.
 
 An id can be longer than a file name may be (255 bytes): the cell's folder is then
-``cell_folder(id)``, a prefix and a digest (tests/test_trust.py runs such a cell).
+``cell_folder(id)``, a prefix and a digest (tests/worlds/test_trust.py runs such a cell).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.run.entry import cell_folder
 
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parents[1] / "resources"
 FIXTURES = sorted(RESOURCES.glob("*.yaml"))
 #: What the README promises an id is made of.
 SAFE = re.compile(r"[A-Za-z0-9_.+\-\[\],=@]+")

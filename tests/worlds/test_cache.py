@@ -13,7 +13,7 @@ import pytest
 from cpmatrix.result import Result, Status
 from cpmatrix.run.cache import ActionKeys, ResultCache
 
-RES = Path(__file__).parent / "resources"
+RES = Path(__file__).parents[1] / "resources"
 
 
 def run(project: Path, cache: Path, *extra: str) -> dict[str, str]:

@@ -13,8 +13,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-ROOT = Path(__file__).parent.parent
-RES = Path(__file__).parent / "resources"
+ROOT = Path(__file__).parents[2]
+RES = Path(__file__).parents[1] / "resources"
 
 
 def nox(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

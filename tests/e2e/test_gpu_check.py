@@ -23,7 +23,7 @@ import pytest
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 
 

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli as cli
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.run.runners import get_runner
 
-RES = Path(__file__).parent / "resources"
+RES = Path(__file__).parents[1] / "resources"
 ROOT = RES.parent.parent
 #: The platform whose image the docker runner runs (matrix/parity.yaml's cpu).
 _CPU = load_matrix(ROOT / "matrix" / "parity.yaml").platform("cpu")
 CELL_2X2 = "interfaces[unit,2x2,fp64,autocast=off,reference]@cpu"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpmatrix", *args], capture_output=True,
-                          text=True, timeout=600, check=False)
 
 
 def unavailable(name: str) -> str | None:

@@ -15,7 +15,7 @@ from cpmatrix.run.runners import get_runner
 from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, make_context
 
-RES = Path(__file__).parent / "resources"
+RES = Path(__file__).parents[1] / "resources"
 
 
 @pytest.mark.slow

@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from junitparser import JUnitXml
 
+from cli_runner import run_cli as cli
 from cpmatrix.report import read_report
 
-RES = Path(__file__).parent / "resources"
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpmatrix", *args], capture_output=True,
-                          text=True, timeout=600, check=False, env=env)
+RES = Path(__file__).parents[1] / "resources"
 
 
 @pytest.mark.slow

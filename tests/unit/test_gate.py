@@ -26,10 +26,10 @@ from cpmatrix.gate._checks import check_drift, check_spill
 from cpmatrix.report import ReportCell, ReportError, read_report
 from cpmatrix.result import Status
 
-RES = Path(__file__).parent / "resources"
+RES = Path(__file__).parents[1] / "resources"
 REPORTS = RES / "reports"
 POLICIES = RES / "gates" / "policies.yaml"
-DEFAULT_GATES = Path(__file__).parents[1] / "matrix" / "gates.yaml"
+DEFAULT_GATES = Path(__file__).parents[2] / "matrix" / "gates.yaml"
 
 R11 = "ring[unit,1x1,fp64,autocast=off,reference]@cpu"
 R12 = "ring[unit,1x2,fp64,autocast=off,reference]@cpu"

@@ -18,7 +18,6 @@ import importlib
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,11 @@ from typing import Any
 
 import pytest
 
+from cli_runner import run_cli
 from cpmatrix.parity import CHECKS, assert_entropy, declared_mutants, load_fingerprints
 from cpmatrix.suite import MUTANTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MATRIX = ROOT / "matrix" / "parity.yaml"
 LEVELS = {"unit", "layer", "module", "workflow"}
 MESHES = {"1x1", "1x2", "2x2", "2x3", "3x3"}
@@ -42,8 +42,7 @@ MUTANT_SELECTION = "(2x2 and fp64 and n=7) or (diffusion_noise and 2x2 and fp64)
 
 
 def cpmatrix(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpmatrix", *argv], capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout, check=False)
+    return run_cli(*argv, timeout=timeout, cwd=ROOT)  # the default matrix: matrix/parity.yaml
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from cpmatrix.report import ReportCell, read_report
 from cpmatrix.report.html import render_html, write_html
 from cpmatrix.result import Status
 
-REPORTS = Path(__file__).parent / "resources" / "reports"
+REPORTS = Path(__file__).parents[1] / "resources" / "reports"
 SHOWCASE = REPORTS / "showcase" / "report.xml"
 
 

@@ -1,5 +1,5 @@
 """RNG fingerprints and the entropy property, in one process (ranks simulated by
-coordinates; the real multi-rank run is in tests/test_parity_worlds.py)."""
+coordinates; the real multi-rank run is in tests/worlds/test_parity_worlds.py)."""
 
 from __future__ import annotations
 

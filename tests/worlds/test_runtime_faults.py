@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-RES = Path(__file__).parent / "resources"
+from cli_runner import run_cli as cli
+
+RES = Path(__file__).parents[1] / "resources"
 FAULTY = (0, 3, 6)
 
 # fault -> (status, kind, failing ranks, text that must be in the failing rank's evidence)
@@ -34,10 +36,7 @@ EXPECT = {
 
 def run_cli(*args: str, timeout: float = 300) -> tuple[int, str, float]:
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", *args], capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )
+    proc = cli(*args, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
 
 

@@ -30,7 +30,7 @@ from cpmatrix.run.runners.sandbox import (
 )
 from runner_probes import PROBE, SECRET, WORLD
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str = "t") -> Launch:

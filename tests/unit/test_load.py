@@ -21,7 +21,7 @@ from cpmatrix.matrix.load import ALLOWED_KEYS, load_matrix, parse_matrix
 from cpmatrix.matrix.schema import TIMEOUT_CLASSES, Mesh
 from matrix_files import HEAD, write_matrix
 
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parents[1] / "resources"
 COMPLETE = RESOURCES / "complete.yaml"
 
 #: A valid target, for rows whose problem lies elsewhere.

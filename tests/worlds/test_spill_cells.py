@@ -4,23 +4,17 @@ compiler and ptxas (no GPU), in the same report as parity cells."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli as cli
 from cpmatrix.report import read_report
 
-RES = Path(__file__).parent / "resources"
+RES = Path(__file__).parents[1] / "resources"
 FITS = "fits[unit,1x1,fp32,autocast=off,kernel,config=b1024,arch={arch}]@cpu"
 CONTROL = "negative_control[unit,1x1,fp32,autocast=off,kernel,config=b8192,arch=sm_80]@cpu"
 SPILLS = "spills[unit,1x1,fp32,autocast=off,kernel,config=b8192,arch=sm_80]@cpu"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpmatrix", *args], capture_output=True,
-                          text=True, timeout=600, check=False)
 
 
 def results(out: Path) -> dict[str, dict]:

@@ -13,8 +13,8 @@ import pytest
 from cpmatrix.parity import __all__ as public_names
 from cpmatrix.parity import table_markdown
 
-RES = Path(__file__).parent / "resources" / "parity"
-SECTION = (Path(__file__).parent.parent / "docs" / "parity.md").read_text()
+RES = Path(__file__).parents[1] / "resources" / "parity"
+SECTION = (Path(__file__).parents[2] / "docs" / "parity.md").read_text()
 
 
 def test_tolerance_table_is_the_one_in_the_code() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from cpmatrix.spill.crosscheck import describe
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="needs triton (pip install cpmatrix[kernels])")
 
