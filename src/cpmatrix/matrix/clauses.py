@@ -11,7 +11,7 @@ from __future__ import annotations
 import yaml
 
 from cpmatrix.matrix.axes import axis_value, where_of
-from cpmatrix.matrix.schema import ALLOWED_KEYS, VALUE_RE, Clause, Scalar, Target
+from cpmatrix.matrix.schema import ALLOWED_KEYS, AXES, VALUE_RE, Clause, Scalar, Target
 from cpmatrix.matrix.yamlreader import SpecReader, render
 
 __all__ = ["clause"]
@@ -74,7 +74,7 @@ def clause(
                         item, ipath, f"unknown platform {value!r}", ", ".join(platforms)
                     )
                 values.append(str(value))
-            elif key in ("level", "mesh", "dtype", "autocast", "path"):
+            elif key in AXES:
                 values.append(axis_value(ctx, key, value, item, ipath))
                 if key == "mesh":
                     ctx.mesh_nodes[(kpath, str(values[-1]))] = (item, ipath)

@@ -41,7 +41,16 @@ from typing import Any, Final
 from cpmatrix.digest import ModuleSources, canonical_json, cell_digest_from_parts
 from cpmatrix.errors import SpecError
 from cpmatrix.matrix.cellid import format_cell_id, render_value
-from cpmatrix.matrix.schema import REDUCED_PRECISION, Cell, Clause, Matrix, Mesh, Scalar, Target
+from cpmatrix.matrix.schema import (
+    REDUCED_PRECISION,
+    TARGET_AXES,
+    Cell,
+    Clause,
+    Matrix,
+    Mesh,
+    Scalar,
+    Target,
+)
 
 __all__ = ["CONSTRAINTS", "Constraint", "Excluded", "Expansion", "expand"]
 
@@ -84,8 +93,8 @@ class Expansion:
 
 
 #: The fixed slots of a combination; a target's extra axes follow, in declaration order.
-_FIXED_SLOTS: Final = ("platform", "mesh", "dtype", "autocast", "path")
-_STANDARD_AXES: Final = ("mesh", "dtype", "autocast", "path")
+_FIXED_SLOTS: Final = ("platform", *TARGET_AXES)
+_STANDARD_AXES: Final = TARGET_AXES
 
 #: A combination as the text of each slot (what ids and clauses compare).
 _Combo = tuple[str, ...]

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_RANKS",
     "MAX_TIMEOUT_S",
     "PATHS",
+    "TARGET_AXES",
     "TIMEOUT_CLASSES",
     "Cell",
     "Clause",
@@ -54,11 +55,15 @@ AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
 #: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
 KINDS: Final = ("parity", "property", "spill")
+#: The standard axes, in the order they appear in a cell id.
+AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
+#: The standard axes a target takes a list of values for (``level`` is one value).
+TARGET_AXES: Final = AXES[1:]
 #: The schema's keys, per section. A test freezes this so it only grows on purpose.
 ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude", "include",
                "max_cells"),
-    "defaults": ("mesh", "dtype", "autocast", "path"),
+    "defaults": TARGET_AXES,
     "platform": ("backend", "device", "image", "env", "description", "max_ranks"),
     "target": (
         "name",
@@ -73,7 +78,7 @@ ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
         "description",
         "spill",
     ),
-    "target.axes": ("mesh", "dtype", "autocast", "path"),
+    "target.axes": TARGET_AXES,
     "target.spill": (
         "signature",
         "table",
@@ -84,7 +89,7 @@ ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
         "budget_bytes",
         "expect_spill",
     ),
-    "clause": ("target", "platform", "level", "mesh", "dtype", "autocast", "path"),
+    "clause": ("target", "platform", *AXES),
 }
 
 #: Names of environment variables and kernel parameters.
@@ -103,8 +108,6 @@ ARCHS: Final[Mapping[str, int]] = MappingProxyType({
     "sm_90": 90, "sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_120a": 120,
 })
 
-#: The standard axes, in the order they appear in a cell id.
-AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
 #: Bazel's test-size timeouts, per cell.
 TIMEOUT_CLASSES: Final = {"short": 60, "moderate": 300, "long": 900, "eternal": 3600}
 #: The longest timeout a cell may declare (one day): a bound, so that a typo such as
