@@ -207,3 +207,16 @@ def test_check_parity_training_steps(steps: Any) -> None:
         inputs={"input": TensorSpec(shape=(3, 2))}, placements={"input": None},
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), steps=steps))
     assert exc is not None and exc.check == "setup"
+
+
+@pytest.mark.parametrize("width", [4, 0])
+def test_a_cp_output_of_the_wrong_shape_fails_output_not_backward(width: int) -> None:
+    # both layers column-parallel: each rank returns only its columns. The grad_output is
+    # drawn for the serial shape, so no backward fits the CP output: it is skipped, and
+    # the output check (not autograd's RuntimeError) says why.
+    weight = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
+    exc = only_parity_errors(lambda: check_parity(
+        _cell(), lambda x: x @ weight, lambda x: (x @ weight)[:, :width],
+        inputs={"x": TensorSpec(shape=(5, 8))}, placements={"x": None}))
+    assert exc is not None and exc.check == "output"
+    assert f"shape (5, {width}) != serial (5, 8)" in str(exc)
