@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -100,6 +101,23 @@ def test_placed_pairs_each_placement_with_its_own_mesh_dim() -> None:
     assert [(p.name, p.cell_dims) for p in plain] == [("cp0", (0,)), ("cp1", (1,))]
     with pytest.raises(ValueError, match=r"2 placements .* for its 1-D mesh"):
         placed(on(cell["cp1"], (2,), (4,), Shard(0), Shard(0)), cell)
+    # nor does anything without a device_mesh attribute at all
+    duck = placed(SimpleNamespace(placements=(Replicate(), Shard(0))), cell)
+    assert [(p.name, p.cell_dims) for p in duck] == [("cp0", (0,)), ("cp1", (1,))]
+
+
+FOREIGN = FakeMesh((2,), ("w",), ranks=torch.tensor([0, 3]))  # diagonal across a 2x2
+
+
+def test_a_foreign_value_first_does_not_end_any_scan() -> None:
+    cell = FakeMesh((2, 2), rank=3)
+    named = {"odd": on(FOREIGN, (1,), (2,), Shard(0)),
+             "odd too": on(FakeMesh((4,), ("world",), ranks=torch.tensor([0, 1, 2, 9])),
+                           (1,), (4,), Shard(0)),
+             "w": on(cell["cp1"], (2,), (4,), Shard(0))}
+    assert [p.split(":")[0] for p in placement_problems(named, cell)] == ["odd", "odd too"]
+    assert {g.label: list(g.tensors) for g in replica_groups(named, cell)} == {"cp0": ["w"]}
+    assert sharding_problems(named, cell).summary == "w over cp1"
 
 
 # --------------------------------------------------------------------------------------

@@ -301,3 +301,9 @@ def test_complex_grads_must_be_finite_too(bad: complex) -> None:
 def test_integer_grads_are_judged_by_value_only() -> None:
     assert grad_verdict({"i": torch.tensor([0, -3])}).lines == ["i: max abs 3"]
     assert not grad_verdict({"i": torch.tensor([0, 0])}).ok
+
+
+def test_a_grad_that_is_not_a_tensor_is_named_and_the_scan_goes_on() -> None:
+    out = grad_verdict({"w": 3, "v": torch.ones(1)})
+    assert out.problems == ["w: a int, not a tensor"]
+    assert out.lines == ["v: max abs 1"]

@@ -152,7 +152,7 @@ def mesh_axes(own: Any, mesh: Any) -> tuple[tuple[int, ...], ...]:
     if len(set(flat)) != len(flat):
         raise ValueError(f"its ranks {ranks.tolist()} repeat")
     index = torch.tensor([where[r] for r in flat])
-    coords = torch.stack(torch.unravel_index(index, tuple(cell_ranks.shape)), -1)
+    coords = torch.column_stack(torch.unravel_index(index, tuple(cell_ranks.shape)))
     coords = coords.reshape(*ranks.shape, cell_ranks.ndim)
     names, cell_names = dim_names(own), dim_names(mesh)
     spans: list[tuple[int, ...]] = []
