@@ -1,9 +1,12 @@
 """Fakes for the parity checks' unit tests: a mesh, a DTensor and a threaded world.
 
 - :class:`FakeMesh` has what the checks read of a ``DeviceMesh``: ``shape``, ``ndim``,
-  ``size(dim)``, ``mesh_dim_names``, ``get_group(dim)`` and ``get_coordinate()``.
+  ``size(dim)``, ``mesh_dim_names``, ``mesh`` (its global ranks), ``get_group(dim)`` and
+  ``get_coordinate()``; ``mesh["cp1"]`` and :meth:`FakeMesh.flatten` derive sub-meshes
+  and flattened meshes through this rank, as ``DeviceMesh`` does.
 - :class:`FakeDTensor` duck-types a ``DTensor``: global ``shape``, ``placements`` (real
-  ``Shard``/``Replicate``/``Partial`` objects), ``to_local()`` and ``full_tensor()``.
+  ``Shard``/``Replicate``/``Partial`` objects), ``device_mesh`` (None: the cell's),
+  ``to_local()`` and ``full_tensor()``.
 - :class:`FakeWorld` runs one function per rank in threads and stands in for the few
   ``torch.distributed`` calls of :mod:`cpmatrix.parity.checks` (``all_gather_object``,
   ``all_gather``, ``get_process_group_ranks``) with an in-memory rendezvous per group.
@@ -41,15 +44,39 @@ class FakeMesh:
     """A row-major mesh of ``shape`` seen from ``rank`` (default 0)."""
 
     def __init__(self, shape: Sequence[int], names: Sequence[str] | None = ("cp0", "cp1"),
-                 rank: int = 0) -> None:
+                 rank: int = 0, ranks: torch.Tensor | None = None) -> None:
         self._shape = tuple(int(s) for s in shape)
         self.mesh_dim_names = None if names is None else tuple(names)[: len(self._shape)]
         self.rank = rank
         self._coords = list(itertools.product(*(range(s) for s in self._shape)))
+        #: The global rank at each coordinate (row-major ``arange`` unless given).
+        self.mesh = (torch.arange(math.prod(self._shape)).reshape(self._shape)
+                     if ranks is None else ranks.reshape(self._shape))
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self._shape
+
+    def __getitem__(self, names: str | tuple[str, ...]) -> FakeMesh:
+        """The sub-mesh over ``names`` through this rank (``DeviceMesh.__getitem__``)."""
+        wanted = (names,) if isinstance(names, str) else tuple(names)
+        assert self.mesh_dim_names is not None
+        dims = [self.mesh_dim_names.index(n) for n in wanted]
+        mine = self.get_coordinate()
+        index = tuple(slice(None) if d in dims else mine[d] for d in range(self.ndim))
+        kept = sorted(dims)
+        sub = self.mesh[index].permute(*[kept.index(d) for d in dims])
+        return self._through_me(sub, wanted)
+
+    def flatten(self, name: str | None = None) -> FakeMesh:
+        """This mesh as one dim (``DeviceMesh._flatten``), named ``cp0_cp1`` by default."""
+        names = self.mesh_dim_names or ()
+        return self._through_me(self.mesh.reshape(-1), (name or "_".join(names),))
+
+    def _through_me(self, ranks: torch.Tensor, names: tuple[str, ...]) -> FakeMesh:
+        me = int(self.mesh[self.get_coordinate()])
+        at = int((ranks.reshape(-1) == me).nonzero()[0])
+        return FakeMesh(tuple(ranks.shape), names, rank=at, ranks=ranks)
 
     @property
     def ndim(self) -> int:
@@ -74,18 +101,20 @@ class FakeDTensor(torch.Tensor):
     """A tensor that looks like a DTensor to the checks (no process group needed)."""
 
     placements: tuple[Any, ...]
+    device_mesh: Any
     _local: torch.Tensor
     _full: torch.Tensor | None
 
     @staticmethod
     def __new__(cls, local: torch.Tensor, placements: Sequence[Any],
                 global_shape: Sequence[int] | None = None,
-                full: torch.Tensor | None = None) -> FakeDTensor:
+                full: torch.Tensor | None = None, mesh: Any = None) -> FakeDTensor:
         shape = tuple(global_shape) if global_shape is not None else (
             tuple(full.shape) if full is not None else tuple(local.shape))
         meta = torch.empty(shape, dtype=local.dtype, device="meta")
         t: FakeDTensor = torch.Tensor._make_subclass(cls, meta)
         t._local, t.placements, t._full = local, tuple(placements), full
+        t.device_mesh = mesh
         return t
 
     def to_local(self) -> torch.Tensor:

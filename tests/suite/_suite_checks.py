@@ -23,9 +23,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from cpmatrix.suite.distribute import (
-    distribute,
     from_local,
     local_slices,
+    pad_and_shard,
     pair_pad,
     pair_placements,
     pair_size,
@@ -136,12 +136,12 @@ def _module_parity(ctx: Ctx, what: str, serial: nn.Module, cp: nn.Module, x: tor
     xs = _leaf(x)
     ys = run(lambda: serial(xs) if mask is None else serial(xs, mask))
     ys.backward(g.to(ys.dtype))
-    xd = _leaf(distribute(x, ctx.mesh, x_pl, pad_to=pad))
+    xd = _leaf(pad_and_shard(x, ctx.mesh, x_pl, pad_to=pad))
     _sharding_active(ctx, what, xd)
-    md = None if mask is None else distribute(mask, ctx.mesh, m_pl, pad_to=pad)
+    md = None if mask is None else pad_and_shard(mask, ctx.mesh, m_pl, pad_to=pad)
     yd = run(lambda: cp(xd) if md is None else cp(xd, md))
     ctx.rec.true(f"{what} out dtype", yd.dtype == ys.dtype, f"{yd.dtype} vs {ys.dtype}")
-    yd.backward(distribute(g.to(yd.dtype), ctx.mesh, x_pl, pad_to=pad))
+    yd.backward(pad_and_shard(g.to(yd.dtype), ctx.mesh, x_pl, pad_to=pad))
     close(f"{what} out", undistribute(yd, x.shape), ys)
     close(f"{what} d_input", undistribute(xd.grad, x.shape), xs.grad)
     _nonzero(ctx, f"{what} d_input", xs.grad)
@@ -158,7 +158,7 @@ def _module_parity(ctx: Ctx, what: str, serial: nn.Module, cp: nn.Module, x: tor
 def check_distribute(ctx: Ctx) -> None:
     n, (nr, nc) = _n(ctx), ctx.shape
     x = ctx.randn(n, n + 1, 3)
-    xd = distribute(x, ctx.mesh, (Shard(0), Shard(1)))
+    xd = pad_and_shard(x, ctx.mesh, (Shard(0), Shard(1)))
     full = xd.full_tensor()
     rows, cols = -(-n // nr) * nr, -(-(n + 1) // nc) * nc
     ctx.rec.true("padded global shape", tuple(full.shape) == (rows, cols, 3), str(full.shape))
@@ -166,14 +166,14 @@ def check_distribute(ctx: Ctx) -> None:
     ctx.rec.true("padding is zero", float(full[n:].abs().sum() + full[:, n + 1:].abs().sum()) == 0)
     _sharding_active(ctx, "pair", xd)
     s = ctx.randn(n, 2)
-    sd = distribute(s, ctx.mesh, seq_placements(0))
+    sd = pad_and_shard(s, ctx.mesh, seq_placements(0))
     ctx.rec.close("seq round trip", undistribute(sd, s.shape), s)
     sl = local_slices(sd.shape, ctx.mesh, seq_placements(0))[0]
     ctx.rec.true("seq shard is block r*C+c",
                  sl.start == (ctx.mesh.get_local_rank("cp0") * nc + ctx.mesh.get_local_rank("cp1"))
                  * sd.to_local().shape[0])
     z = ctx.randn(n, n, 2)
-    zd = distribute(z, ctx.mesh, pair_placements(3), pad_to=pair_pad(z, ctx.mesh))
+    zd = pad_and_shard(z, ctx.mesh, pair_placements(3), pad_to=pair_pad(z, ctx.mesh))
     ctx.rec.true("pair stays square", zd.shape[0] == zd.shape[1] == pair_size(n, ctx.mesh))
 
 
@@ -243,22 +243,22 @@ def check_transpose(ctx: Ctx) -> None:
     z = ctx.randn(n, n, 3)
     pad = pair_pad(z, ctx.mesh)
     pl = pair_placements(3)
-    zl = _leaf(distribute(z, ctx.mesh, pl, pad_to=pad).to_local())
+    zl = _leaf(pad_and_shard(z, ctx.mesh, pl, pad_to=pad).to_local())
     w = transpose_pair(zl, ctx.mesh)
     npad = pad[0]
     wd = from_local(w, ctx.mesh, pl, (npad, npad, 3))
     ctx.rec.close("transpose out", undistribute(wd, z.shape), z.transpose(0, 1))
     g = ctx.randn(n, n, 3)
-    w.backward(distribute(g, ctx.mesh, pl, pad_to=pad).to_local())
+    w.backward(pad_and_shard(g, ctx.mesh, pl, pad_to=pad).to_local())
     gd = from_local(zl.grad, ctx.mesh, pl, (npad, npad, 3))
     ctx.rec.close("transpose d_input", undistribute(gd, z.shape), g.transpose(0, 1))
     # a batched pair tensor (B, N, N, c) and a mask-like (N, N) one
     zb = ctx.randn(2, n, n, 2)
-    zbd = distribute(zb, ctx.mesh, pair_placements(4), pad_to=pair_pad(zb, ctx.mesh))
+    zbd = pad_and_shard(zb, ctx.mesh, pair_placements(4), pad_to=pair_pad(zb, ctx.mesh))
     wb = from_local(transpose_pair(zbd.to_local(), ctx.mesh), ctx.mesh, zbd.placements, zbd.shape)
     ctx.rec.close("transpose batched", undistribute(wb, zb.shape), zb.transpose(1, 2))
     m = ctx.randn(n, n)
-    md = distribute(m, ctx.mesh, PAIR_MASK_PL, pad_to=pair_pad(m, ctx.mesh, channels_last=False))
+    md = pad_and_shard(m, ctx.mesh, PAIR_MASK_PL, pad_to=pair_pad(m, ctx.mesh, channels_last=False))
     wm = transpose_pair(md.to_local(), ctx.mesh, row_dim=0, col_dim=1)
     ctx.rec.close("transpose 2-d", undistribute(from_local(wm, ctx.mesh, PAIR_MASK_PL, md.shape),
                                                 m.shape), m.t())
@@ -282,11 +282,11 @@ def check_ring_attention(ctx: Ctx) -> None:
     ctx.rec.true("fully masked batch element is zero", bool((ys[1] == 0).all()))
     layouts: dict[str, Any] = {"flattened": seq_placements(2), "cp1 ring": (Replicate(), Shard(2))}
     for name, pl in layouts.items():
-        qd, kd, vd = (_leaf(distribute(t, ctx.mesh, pl)) for t in (q, k, v))
+        qd, kd, vd = (_leaf(pad_and_shard(t, ctx.mesh, pl)) for t in (q, k, v))
         if name == "flattened":
             _sharding_active(ctx, "ring q", qd)
-        out = ring_attention(qd, kd, vd, key_mask=distribute(mask, ctx.mesh, pl))
-        out.backward(distribute(g, ctx.mesh, pl))
+        out = ring_attention(qd, kd, vd, key_mask=pad_and_shard(mask, ctx.mesh, pl))
+        out.backward(pad_and_shard(g, ctx.mesh, pl))
         ctx.rec.close(f"ring[{name}] out", undistribute(out, ys.shape), ys)
         for t, ts, nm in ((qd, qs, "dq"), (kd, ks, "dk"), (vd, vs, "dv")):
             ctx.rec.close(f"ring[{name}] {nm}", undistribute(t.grad, ts.shape), ts.grad)
@@ -303,13 +303,13 @@ def check_ring_attention_bias(ctx: Ctx) -> None:
     ys.backward(g)
     pl = seq_placements(2)
     ring = Ring.along(ctx.mesh, ("cp0", "cp1"))
-    qd, kd, vd = (distribute(t, ctx.mesh, pl) for t in (q, k, v))
+    qd, kd, vd = (pad_and_shard(t, ctx.mesh, pl) for t in (q, k, v))
     spad = qd.shape[2]
-    bd = distribute(bias, ctx.mesh, pl, pad_to={3: spad})  # query rows sharded, all keys
+    bd = pad_and_shard(bias, ctx.mesh, pl, pad_to={3: spad})  # query rows sharded, all keys
     ql, kl, vl, bl = (_leaf(t.to_local()) for t in (qd, kd, vd, bd))
-    out = ring_attention_local(ql, kl, vl, ring, key_mask=distribute(mask, ctx.mesh, pl).to_local(),
-                               bias=bl)
-    out.backward(distribute(g, ctx.mesh, pl).to_local())
+    key_mask = pad_and_shard(mask, ctx.mesh, pl).to_local()
+    out = ring_attention_local(ql, kl, vl, ring, key_mask=key_mask, bias=bl)
+    out.backward(pad_and_shard(g, ctx.mesh, pl).to_local())
     ctx.rec.close("ring+bias out", undistribute(from_local(out, ctx.mesh, pl, (*qd.shape[:3], 5)),
                                                 ys.shape), ys)
     for lt, dt, ts, nm in ((ql, qd, qs, "dq"), (kl, kd, ks, "dk"), (vl, vd, vs, "dv"),

@@ -304,3 +304,28 @@ def test_parity_error_is_an_assertion_error_naming_its_checks() -> None:
     assert (err.check, err.failed) == ("output", ("output", "param_grad"))
     assert set(err.failed) <= set(CHECKS)
     assert check_of(RuntimeError()) == "error:RuntimeError"
+
+
+# --------------------------------------------------------------------------------------
+# odd input: a failure of the check it was given to, never an internal error
+
+
+class _NoItems:
+    """Neither a mapping nor anything a check can read."""
+
+
+@pytest.mark.parametrize(("check", "call"), [
+    ("sharding_active", lambda: assert_sharding_active(_NoItems(), FakeMesh((1, 2)))),
+    ("replicated_identical",
+     lambda: assert_replicated_identical(_NoItems(), FakeMesh((1, 1)))),
+    ("replicated_identical", lambda: replicated_problems(_NoItems(), FakeMesh((1, 2)))),
+    ("nonzero", lambda: grad_problems(_NoItems())),
+    # a bool "grad": finite, but abs() is not defined for bool tensors
+    ("nonzero", lambda: assert_grads_nonzero_finite({"g": torch.ones(2, dtype=torch.bool)})),
+    ("nonzero", lambda: perturb_degenerate_(_NoItems(), torch.Generator())),  # type: ignore[arg-type]
+])
+def test_odd_input_fails_the_check_it_was_given_to(check: str, call: Any) -> None:
+    with pytest.raises(ParityError, match="cannot judge the values given") as info:
+        call()
+    assert info.value.check == check
+    assert f"{check}: cannot judge" in str(info.value)

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from cpmatrix.parity import EntropyError, RngRecorder, assert_entropy, load_fingerprints
+from cpmatrix.parity import (
+    EntropyError,
+    ParityError,
+    RngRecorder,
+    assert_entropy,
+    load_fingerprints,
+)
 
 COORDS_2x2 = [(0, 0), (0, 1), (1, 0), (1, 1)]
 
@@ -136,8 +142,10 @@ def test_save_and_load_in_the_parent(tmp_path: Path) -> None:
 
 
 def test_bad_axis_names_are_rejected() -> None:
+    # a failure of the check, with the reason (no check raises anything but a ParityError)
     fps = _world(lambda rank, r, c: torch.randn(64))
-    with pytest.raises(ValueError, match="axes must be distinct names"):
+    with pytest.raises(ParityError, match=r"ValueError: .*axes must be distinct names") as info:
         assert_entropy(fps, sharded=("cp0",), replicated=("cp0",))
-    with pytest.raises(ValueError, match="axes must be distinct names"):
+    assert info.value.check == "rng_entropy"
+    with pytest.raises(ParityError, match="axes must be distinct names"):
         assert_entropy(fps, sharded=("tp",))

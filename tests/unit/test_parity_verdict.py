@@ -103,8 +103,8 @@ def test_a_shard_that_splits_nothing_alone_gives_no_second_problem() -> None:
 def test_no_input_sharded_over_an_axis_above_one_is_a_problem(named: dict[str, Any]) -> None:
     out = sharding_problems(named, MESH12)
     assert len(out.problems) == 1 and not out.lines
-    assert out.problems[0].startswith("mesh (1, 2) has an axis > 1 but no input is sharded")
-    assert "the CP path would run as serial code" in out.problems[0]
+    assert out.problems[0].startswith("mesh (1, 2) has an axis > 1 but nothing is sharded")
+    assert "the parallel path would run as serial code" in out.problems[0]
 
 
 def test_a_shard_over_an_axis_of_one_is_neither_evidence_nor_a_problem() -> None:
@@ -301,3 +301,9 @@ def test_complex_grads_must_be_finite_too(bad: complex) -> None:
 def test_integer_grads_are_judged_by_value_only() -> None:
     assert grad_verdict({"i": torch.tensor([0, -3])}).lines == ["i: max abs 3"]
     assert not grad_verdict({"i": torch.tensor([0, 0])}).ok
+
+
+def test_a_grad_that_is_not_a_tensor_is_named_and_the_scan_goes_on() -> None:
+    out = grad_verdict({"w": 3, "v": torch.ones(1)})
+    assert out.problems == ["w: a int, not a tensor"]
+    assert out.lines == ["v: max abs 1"]

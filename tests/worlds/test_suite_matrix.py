@@ -228,7 +228,7 @@ VACUOUS_CASE = '''
 import torch
 from torch.distributed.tensor import Shard
 
-from cpmatrix.suite import distribute, planted
+from cpmatrix.suite import pad_and_shard, planted
 from cpmatrix.suite.cases.common import suite_mutants
 from cpmatrix.suite.ops.layernorm import ShardedLayerNorm
 
@@ -238,7 +238,7 @@ def forgets_to_compare(cell):
     with planted(cell.mutant):
         ln = ShardedLayerNorm(4, cell.mesh).to(cell.dtype)
         x = torch.randn(8, 4, generator=cell.generator, dtype=cell.dtype)
-        ln(distribute(x, cell.mesh, (Shard(0), Shard(0)))).to_local().sum().backward()
+        ln(pad_and_shard(x, cell.mesh, (Shard(0), Shard(0)))).to_local().sum().backward()
 '''
 
 

@@ -9,7 +9,7 @@ tests (RNG entropy, dtype paths) that cannot pass vacuously, with evidence and m
 - :mod:`.checks` - sharding active, replicated identical, grads non-zero, zero-init.
 - :mod:`.compare` - every mismatching tensor with its max abs/rel difference.
 - :mod:`.data` - the one synthetic Dataset/DataLoader/DataModule (contract in
-  :mod:`.features`) and the one distributor (layout and sharding in :mod:`.layout`).
+  :mod:`.features`) and the toolkit's distributor (layout and sharding in :mod:`.layout`).
 - :mod:`.rng` - RNG fingerprints per rank and the entropy property.
 - :mod:`.dtypes` - pre-hook dtype probes (recompute pass included) and autocast asserts.
 - :mod:`.mutants` - named planted bugs; :class:`ParityError` ``.check`` says who killed one.
@@ -30,7 +30,7 @@ Example (a complete case)::
                      prepare_cp=lambda m, mesh: distribute_module(m, mesh))
 """
 
-from cpmatrix.parity._common import TensorSpec, storage_dtype
+from cpmatrix.parity._inputs import TensorSpec
 from cpmatrix.parity.checks import (
     CheckOutcome,
     assert_grads_nonzero_finite,
@@ -58,6 +58,7 @@ from cpmatrix.parity.dtypes import (
     assert_autocast_on,
     assert_compute_dtype,
     expected_compute_dtype,
+    storage_dtype,
 )
 from cpmatrix.parity.errors import (
     CHECKS,

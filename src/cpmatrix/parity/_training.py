@@ -7,40 +7,42 @@ compared at every step and the weights after the last one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-from cpmatrix.parity._common import (
+from cpmatrix.parity._inputs import (
     Axes,
-    Verdicts,
-    autocast_ctx,
-    check_same_names,
+    Placements,
     draw,
-    load_modules,
     materialize,
+    output_axes_map,
+    serial_layout,
+    tensors_of,
+)
+from cpmatrix.parity._verdicts import ParityReport, Verdicts, check_param_grads, finish
+from cpmatrix.parity._weights import (
+    PrepareCP,
+    check_same_names,
+    load_modules,
     named_params,
+    perturbed_line,
+    sharded_state,
 )
 from cpmatrix.parity.checks import (
     CheckOutcome,
     grad_problems,
     replicated_problems,
-    sharding_problems,
 )
 from cpmatrix.parity.compare import compare_named, flatten, to_full
-from cpmatrix.parity.errors import ParityError
-from cpmatrix.parity.run import (
-    OptimizerFactory,
-    ParityReport,
-    _perturbed_line,
-    _tensors,
-    check_param_grads,
-    finish,
-    output_axes_map,
-    serial_layout,
-)
+from cpmatrix.parity.dtypes import autocast_ctx
+from cpmatrix.parity.errors import ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance
+
+__all__ = ["OptimizerFactory", "run_training"]
+
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
 def run_training(
@@ -49,12 +51,13 @@ def run_training(
     cp: Any,
     *,
     inputs: Mapping[str, Any],
-    placements: Mapping[str, Sequence[Any] | None],
+    placements: Mapping[str, Placements],
     output_axes: Mapping[str, Axes] | Axes | None,
     tol: Tolerance,
     perturb: bool,
     allow_zero: Mapping[str, str],
-    prepare_cp: Callable[[torch.nn.Module, Any], torch.nn.Module | None] | None,
+    prepare_cp: PrepareCP | None,
+    activations: Callable[[], Mapping[str, Any]] | None,
     optimizer: OptimizerFactory,
     steps: int,
     loss: Callable[[Any], torch.Tensor] | None,
@@ -64,7 +67,7 @@ def run_training(
         raise ParityError("setup", "the workflow level (optimizer=...) needs two nn.Modules")
     cp, perturbed, weights = load_modules(cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp)
     verdicts.add("setup", weights)
-    verdicts.lines.setdefault("nonzero", []).append(_perturbed_line(perturbed, perturb))
+    verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
     s_params, c_params = named_params(serial), named_params(cp)
     check_same_names("parameters", s_params, c_params)
     s_before = {n: p.detach().clone() for n, p in s_params.items()}
@@ -72,35 +75,34 @@ def run_training(
     s_opt, c_opt = optimizer(serial.parameters()), optimizer(cp.parameters())
     losses: dict[str, tuple[Any, Any]] = {}
     for step in range(steps):
-        ins = materialize(cell, inputs, placements)
+        with odd_input_fails("setup"):
+            ins = materialize(cell, inputs, placements)
         with autocast_ctx(cell):
             s_out = serial(**ins.serial)
             c_out = cp(**ins.cp)
         s_leaves, c_leaves = dict(flatten(s_out)), dict(flatten(c_out))
         check_same_names("outputs", s_leaves, c_leaves)
-        axes_of = output_axes_map(output_axes, s_leaves)
+        with odd_input_fails("setup"):
+            axes_of = output_axes_map(output_axes, s_leaves)
         if step == 0:
             verdicts.add(
                 "replicated_identical",
-                replicated_problems(_tensors(ins.serial, "input "), cell.mesh),
+                replicated_problems(tensors_of(ins.serial, "input "), cell.mesh),
             )
-            verdicts.add(
-                "sharding_active",
-                sharding_problems(
-                    {**_tensors(ins.cp, "input "), **_tensors(c_leaves, "")}, cell.mesh
-                ),
+            declared = dict(activations()) if activations is not None else {}
+            verdicts.check_sharding(
+                {
+                    **tensors_of(ins.cp, "input "),
+                    **tensors_of(c_leaves, ""),
+                    **sharded_state(cp, c_params),
+                    **tensors_of(declared, "activation "),
+                },
+                cell.mesh,
             )
-            verdicts.add_diffs(
-                "output",
-                compare_named(
-                    {
-                        n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s)
-                        for n, s in s_leaves.items()
-                    },
-                    tol,
-                ),
-                tol,
-            )
+            with odd_input_fails("output"):
+                outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s)
+                           for n, s in s_leaves.items()}
+            verdicts.add_diffs("output", compare_named(outputs, tol), tol)
         if loss is None:
             # a random projection: the loss's grad w.r.t. each output is random, so a
             # sign or permutation bug in a backward cannot hide behind a uniform grad
@@ -109,7 +111,8 @@ def run_training(
             for name, s in s_leaves.items():
                 if isinstance(s, torch.Tensor) and s.requires_grad:
                     r = draw(cell.generator, s.shape, s.dtype, s.device)
-                    c = serial_layout(ins, c_leaves[name], axes_of.get(name))
+                    with odd_input_fails("loss"):
+                        c = serial_layout(ins, c_leaves[name], axes_of.get(name))
                     s_loss = s_loss + (s * r).sum()
                     c_loss = c_loss + (c * r).sum()
         else:

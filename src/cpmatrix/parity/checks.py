@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from cpmatrix.parity.compare import to_full
-from cpmatrix.parity.errors import ReplicationError, VacuousError
+from cpmatrix.parity.errors import ReplicationError, VacuousError, odd_input_fails
 from cpmatrix.parity.verdict import (
     CheckOutcome,
     grad_verdict,
@@ -38,6 +38,7 @@ from cpmatrix.parity.verdict import (
     mesh_is_trivial,
     meta_problems,
     pack,
+    placement_problems,
     replica_groups,
     replica_meta,
     replica_problems,
@@ -54,6 +55,7 @@ __all__ = [
     "is_dtensor",
     "mesh_is_trivial",
     "perturb_degenerate_",
+    "placement_problems",
     "replicated_problems",
     "sharding_problems",
 ]
@@ -62,12 +64,16 @@ __all__ = [
 def assert_sharding_active(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
     """Raise :class:`VacuousError` (check ``sharding_active``) unless sharding is active.
 
-    Example::
+    ``named`` may hold inputs, outputs, parameters, buffers or activations, each a DTensor
+    on the cell's mesh or on a mesh derived from it (``mesh["cp1"]``, a flattened one); a
+    DTensor on a mesh that is not part of ``mesh`` fails the check. Example::
 
-        assert_sharding_active({"x": distribute_tensor(x, cell.mesh, [Shard(0), Shard(0)])},
-                               cell.mesh)
+        assert_sharding_active({"x": distribute_tensor(x, cell.mesh, [Shard(0), Shard(0)]),
+                                "up.weight": tp_model.up.weight}, cell.mesh)
     """
-    out = sharding_problems(named, mesh)
+    with odd_input_fails("sharding_active"):
+        out = sharding_problems(named, mesh)
+        out.problems[:0] = placement_problems(named, mesh)
     if out.problems:
         raise VacuousError("sharding_active", "sharding_active: " + "; ".join(out.problems))
     return out
@@ -99,12 +105,14 @@ def replicated_problems(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
     """Gather every named value over the ranks that must hold the same data; compare exactly.
 
     A plain tensor must be identical on the whole world; a DTensor's local data on every
-    mesh axis where it is ``Replicate`` (:func:`.verdict.replica_groups`). Bitwise: a
-    replica "close enough" already drifted. All ranks gather the same data and so reach
-    the same verdict (no rank raises alone).
+    cell-mesh axis that no ``Shard``/``Partial`` placement of its own mesh runs along
+    (:func:`.verdict.replica_groups`), whatever mesh derived from the cell's it lives on.
+    Bitwise: a replica "close enough" already drifted. All ranks gather the same data and
+    so reach the same verdict (no rank raises alone).
     """
     out = CheckOutcome()
-    groups = replica_groups(named, mesh)
+    with odd_input_fails("replicated_identical"):
+        groups = replica_groups(named, mesh)
     for group in groups:  # sorted by axis name on every rank: the collectives line up
         handle = mesh.get_group(group.mesh_dim)
         ranks = dist.get_process_group_ranks(handle)
@@ -127,11 +135,15 @@ def replicated_problems(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
 def assert_replicated_identical(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
     """Raise :class:`ReplicationError` if a replicated value differs across ranks.
 
-    Call it on every rank (it gathers). Example::
+    Call it on every rank (it gathers). A DTensor on a mesh that is not part of ``mesh``
+    fails the check. Example::
 
         assert_replicated_identical({"loss": loss, "w": model.weight}, cell.mesh)
     """
+    with odd_input_fails("replicated_identical"):
+        foreign = placement_problems(named, mesh)
     out = replicated_problems(named, mesh)
+    out.problems[:0] = foreign
     if out.problems:
         msg = "replicated_identical: " + "; ".join(out.problems)
         raise ReplicationError("replicated_identical", msg)
@@ -151,8 +163,11 @@ def grad_problems(
     pad-only shard). Every rank reassembles every DTensor grad in the same order, so the
     collectives of ``full_tensor()`` line up.
     """
-    full = {name: to_full(grad) for name, grad in named.items()}  # None stays None
-    return grad_verdict(full, allow_zero=allow_zero)
+    with odd_input_fails("nonzero"):
+        names = list(named.items())
+    full = {name: to_full(grad) for name, grad in names}  # None stays None
+    with odd_input_fails("nonzero"):
+        return grad_verdict(full, allow_zero=allow_zero)
 
 
 def assert_grads_nonzero_finite(
@@ -192,7 +207,7 @@ def perturb_degenerate_(module: torch.nn.Module, generator: torch.Generator) -> 
         True
     """
     changed = []
-    with torch.no_grad():
+    with torch.no_grad(), odd_input_fails("nonzero"):
         for name, p in module.named_parameters():
             if p.numel() == 0 or is_dtensor(p):
                 continue

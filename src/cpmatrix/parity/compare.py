@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from cpmatrix.parity.errors import odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = ["Diff", "compare_named", "flatten", "format_diffs", "to_full"]
@@ -155,10 +156,15 @@ def _leaf_diff(name: str, actual: Any, expected: Any) -> Diff:
 def compare_named(pairs: Mapping[str, tuple[Any, Any]], tol: Tolerance) -> list[Diff]:
     """One :class:`Diff` per name, ``pairs[name] = (actual_cp, expected_serial)``.
 
-    DTensors are reassembled with :func:`to_full` first. Nothing raises here: the caller
-    decides which check the mismatches belong to.
+    DTensors are reassembled with :func:`to_full` first. Nothing raises for values that
+    differ: the caller decides which check the mismatches belong to; ``pairs`` that are not
+    a mapping of ``(cp, serial)`` pairs fail ``setup``.
     """
-    return [_diff(name, to_full(a), to_full(e), tol) for name, (a, e) in pairs.items()]
+    with odd_input_fails("setup"):
+        named = [(name, a, e) for name, (a, e) in pairs.items()]
+    full = [(name, to_full(a), to_full(e)) for name, a, e in named]  # collectives: outside
+    with odd_input_fails("setup"):
+        return [_diff(name, a, e, tol) for name, a, e in full]
 
 
 def format_diffs(check: str, diffs: list[Diff], tol: Tolerance) -> str:

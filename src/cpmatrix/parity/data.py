@@ -1,11 +1,12 @@
-"""ONE synthetic data stack and ONE distributor, shared by every data/module/workflow test.
+"""ONE synthetic data stack and the toolkit's distributor, shared by data/module/workflow tests.
 
 Tests do not hand-roll features with ad-hoc ``randint``/``randn``: they draw them from
 :class:`SyntheticDataModule`, which synthesizes a feature dict with declared names, axes,
 dtypes, masks and value ranges (:data:`FEATURES`) and hands out both views:
 
 - the **serial** view: the features as a single device sees them, unpadded;
-- the **CP** view: the same features through :func:`distribute`, the one distributor, which
+- the **CP** view: the same features through :func:`distribute`, the toolkit's distributor
+  (or the project's own, ``distributor=``), which
   pads every axis to divisibility, lays grouped axes (atoms) out per shard of their parent
   axis (tokens), remaps index features into the new layout, and shards by the declared
   placements.
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from cpmatrix.parity.dtypes import storage_dtype
 from cpmatrix.parity.features import (
     AXES,
     FEATURES,
@@ -249,8 +251,6 @@ class SyntheticDataModule:
     @classmethod
     def for_cell(cls, cell: Any, **kwargs: Any) -> SyntheticDataModule:
         """Seeded from ``cell.seed``, in the cell's storage dtype on ``cell.device``."""
-        from cpmatrix.parity._common import storage_dtype
-
         kwargs.setdefault("seed", cell.seed)
         kwargs.setdefault("dtype", storage_dtype(cell))
         kwargs.setdefault("device", cell.device)

@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from typing import Any, Final
 
 import torch
 
-from cpmatrix.parity.errors import DtypePathError
+from cpmatrix.parity.errors import DtypePathError, odd_input_fails
 
 __all__ = [
     "COMPUTE_OPS",
@@ -44,7 +45,9 @@ __all__ = [
     "assert_autocast_off",
     "assert_autocast_on",
     "assert_compute_dtype",
+    "autocast_ctx",
     "expected_compute_dtype",
+    "storage_dtype",
 ]
 
 #: Aten ops whose input dtypes are "the compute dtype" (matmul-like: what autocast casts).
@@ -201,6 +204,38 @@ def _op_recorder(probe: DtypeProbe) -> Any:
     return _Ops()  # type: ignore[no-untyped-call]
 
 
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def storage_dtype(cell: Any) -> torch.dtype:
+    """The dtype parameters and inputs are held in for a cell.
+
+    An autocast cell (``autocast=on``, ``dtype`` bf16/fp16) is mixed precision: weights and
+    inputs stay float32 and the forward runs under ``torch.autocast(dtype=cell.dtype)``.
+    Every other cell holds everything in ``cell.dtype``.
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> storage_dtype(SimpleNamespace(dtype=torch.bfloat16, autocast=True))
+        torch.float32
+    """
+    dtype: torch.dtype = cell.dtype
+    if cell.autocast and dtype in _REDUCED:
+        return torch.float32
+    return dtype
+
+
+def autocast_ctx(cell: Any) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` to the cell's reduced dtype (or the device default) when on."""
+    if not cell.autocast:
+        return contextlib.nullcontext()
+    device_type = torch.device(cell.device).type
+    if cell.dtype in _REDUCED:
+        return torch.autocast(device_type=device_type, dtype=cell.dtype)
+    return torch.autocast(device_type=device_type)
+
+
 def expected_compute_dtype(
     dtype: torch.dtype, autocast: bool, device_type: str = "cpu"
 ) -> torch.dtype:
@@ -241,33 +276,35 @@ def assert_compute_dtype(
     With ``ops=True`` the matmul-like ops inside are checked (the truth, after autocast);
     without, the floating inputs. Returns evidence lines.
     """
-    lines = []
-    for event in _events(probe, name, require_recompute):
-        seen = event.compute_dtypes() if probe.record_ops else set(event.inputs)
-        if probe.record_ops and not seen:
-            seen = set(event.inputs)
-        wrong = sorted(str(d) for d in seen if d != expected)
-        if wrong:
-            where = "ops inside" if probe.record_ops else "inputs"
-            raise DtypePathError(
-                f"dtype_path: {name!r} {event.phase}: {where} ran in {wrong}, "
-                f"expected {expected} (a hidden cast?)"
-            )
-        lines.append(f"{name} {event.phase}: {sorted(str(d) for d in seen)}")
-    return lines
+    with odd_input_fails("dtype_path"):
+        lines = []
+        for event in _events(probe, name, require_recompute):
+            seen = event.compute_dtypes() if probe.record_ops else set(event.inputs)
+            if probe.record_ops and not seen:
+                seen = set(event.inputs)
+            wrong = sorted(str(d) for d in seen if d != expected)
+            if wrong:
+                where = "ops inside" if probe.record_ops else "inputs"
+                raise DtypePathError(
+                    f"dtype_path: {name!r} {event.phase}: {where} ran in {wrong}, "
+                    f"expected {expected} (a hidden cast?)"
+                )
+            lines.append(f"{name} {event.phase}: {sorted(str(d) for d in seen)}")
+        return lines
 
 
 def assert_autocast_off(
     probe: DtypeProbe, name: str, dtype: torch.dtype, *, require_recompute: bool = False
 ) -> list[str]:
     """Autocast was off in every call of ``name`` and it computed in ``dtype``."""
-    for event in _events(probe, name, require_recompute):
-        if event.autocast:
-            raise DtypePathError(
-                f"dtype_path: {name!r} {event.phase} ran under autocast "
-                f"({event.autocast_dtype}) in an autocast-off cell"
-            )
-    return assert_compute_dtype(probe, name, dtype, require_recompute=require_recompute)
+    with odd_input_fails("dtype_path"):
+        for event in _events(probe, name, require_recompute):
+            if event.autocast:
+                raise DtypePathError(
+                    f"dtype_path: {name!r} {event.phase} ran under autocast "
+                    f"({event.autocast_dtype}) in an autocast-off cell"
+                )
+        return assert_compute_dtype(probe, name, dtype, require_recompute=require_recompute)
 
 
 def assert_autocast_on(
@@ -279,18 +316,19 @@ def assert_autocast_on(
 ) -> list[str]:
     """Autocast was on in every call (recompute included) and matmul-like ops ran in the
     autocast dtype (for ``dtype`` inputs; see :func:`expected_compute_dtype`)."""
-    events = _events(probe, name, require_recompute)
-    for event in events:
-        if not event.autocast:
-            raise DtypePathError(
-                f"dtype_path: {name!r} {event.phase} ran with autocast OFF in an "
-                f"autocast-on cell (state not restored for the recompute?)"
-            )
-    if not probe.record_ops:
-        return [f"{name} {e.phase}: autocast on ({e.autocast_dtype})" for e in events]
-    return assert_compute_dtype(
-        probe,
-        name,
-        expected_compute_dtype(dtype, True, probe.device_type),
-        require_recompute=require_recompute,
-    )
+    with odd_input_fails("dtype_path"):
+        events = _events(probe, name, require_recompute)
+        for event in events:
+            if not event.autocast:
+                raise DtypePathError(
+                    f"dtype_path: {name!r} {event.phase} ran with autocast OFF in an "
+                    f"autocast-on cell (state not restored for the recompute?)"
+                )
+        if not probe.record_ops:
+            return [f"{name} {e.phase}: autocast on ({e.autocast_dtype})" for e in events]
+        return assert_compute_dtype(
+            probe,
+            name,
+            expected_compute_dtype(dtype, True, probe.device_type),
+            require_recompute=require_recompute,
+        )

@@ -15,7 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 __all__ = [
     "CHECKS",
@@ -94,3 +95,29 @@ def check_of(exc: BaseException) -> str:
     if isinstance(exc, ParityError):
         return exc.check
     return f"error:{type(exc).__name__}"
+
+
+@contextmanager
+def odd_input_fails(check: str) -> Iterator[None]:
+    """Inside, an exception other than a :class:`ParityError` becomes a ``ParityError``
+    of ``check`` that names it (chained): a value no check can judge (a placement that is
+    not one, a mapping that is not one, a tensor type a verdict cannot read) fails that
+    check with its reason, never as an internal error of the toolkit.
+
+    Only the toolkit's own judging runs inside, never the code under test: an exception of
+    a case's model is that model's error, and stays one.
+
+    >>> with odd_input_fails("nonzero"):
+    ...     {}["grad w"]
+    Traceback (most recent call last):
+    ...
+    cpmatrix.parity.errors.ParityError: nonzero: cannot judge the values given: KeyError: 'grad w'
+    """
+    try:
+        yield
+    except ParityError:
+        raise
+    except Exception as exc:
+        raise ParityError(
+            check, f"{check}: cannot judge the values given: {type(exc).__name__}: {exc}"
+        ) from exc

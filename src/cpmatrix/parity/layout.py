@@ -1,4 +1,4 @@
-"""The layout half of the one distributor: pad, re-lay out, remap, then shard.
+"""The layout half of the toolkit's distributor: pad, re-lay out, remap, then shard.
 
 The layout (:class:`Layout`) is pure: it depends on the serial features and the world size
 only. Every plain axis is padded to a multiple of the world size (R*C), so any way of
@@ -190,7 +190,7 @@ def compute_layout(
 
 
 # --------------------------------------------------------------------------------------
-# THE distributor
+# the toolkit's distributor
 
 
 def distribute(
@@ -204,7 +204,13 @@ def distribute(
     index_of: AxisName | None = None,
     requires_grad: bool = False,
 ) -> Any:
-    """The one distributor: serial tensor -> CP DTensor (pad, re-lay out, remap, shard).
+    """The toolkit's distributor: serial test value -> CP DTensor (pad, re-lay out, remap,
+    shard), for the inputs and features of any project's parity tests.
+
+    It is test infrastructure: the project's own sharding code (the reference suite's
+    :func:`cpmatrix.suite.pad_and_shard`, say) is code under test and stays the project's;
+    plug it into :class:`SyntheticDataModule` (``distributor=``) so tests exercise it.
+    ``mesh`` may be the cell's mesh or a sub-mesh of it (``cell.mesh["cp1"]``).
 
     With ``layout`` and ``axes`` the tensor is first put in the CP layout
     (:meth:`Layout.to_cp`) and every sharded dim must then divide evenly. Without a layout

@@ -52,7 +52,7 @@ from typing import Any, Final
 
 import torch
 
-from cpmatrix.parity.errors import EntropyError
+from cpmatrix.parity.errors import EntropyError, odd_input_fails
 
 __all__ = [
     "EntropyReport",
@@ -391,8 +391,21 @@ def assert_entropy(
       draw of ``min_numel`` elements under the checked labels, and on a mesh with a sharded
       axis > 1 at least one disjointness comparison happened.
 
-    Draws smaller than ``min_numel`` are ignored (a scalar draw proves nothing).
+    Draws smaller than ``min_numel`` are ignored (a scalar draw proves nothing). Malformed
+    fingerprints or axes fail the check (``rng_entropy``) with the reason.
     """
+    with odd_input_fails("rng_entropy"):
+        return _entropy(fingerprints, sharded, replicated, labels, min_ranks, min_numel)
+
+
+def _entropy(
+    fingerprints: Sequence[Mapping[str, Any]],
+    sharded: Sequence[str],
+    replicated: Sequence[str],
+    labels: Sequence[str] | None,
+    min_ranks: int | None,
+    min_numel: int,
+) -> EntropyReport:
     if not fingerprints:
         raise EntropyError("rng_entropy: no fingerprints (was anything recorded and saved?)")
     names = list(fingerprints[0].get("dim_names") or ["cp0", "cp1"])

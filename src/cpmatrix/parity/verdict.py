@@ -3,15 +3,22 @@
 :mod:`.checks` gathers values over the mesh (the collectives); this module decides, from
 a mesh's shape and values already at hand, what must be checked and whether it passed:
 
+- :func:`placed` - where a DTensor lies on the cell's mesh: for each dim of its *own* mesh
+  (the cell's mesh, a sub-mesh such as ``mesh["cp1"]``, a flattened one), the cell-mesh
+  dims it runs along (:func:`mesh_axes`); :func:`placement_problems` names a DTensor whose
+  mesh is not part of the cell's mesh;
 - :func:`sharding_problems` - every ``Shard(d)`` over a mesh axis > 1 really splits its
   tensor (``local.shape[d] < global.shape[d]``) and at least one tensor is split;
-- :func:`replica_groups` - which local values must be bitwise identical over which axis;
-  :func:`meta_problems` and :func:`replica_problems` judge what the ranks of one axis sent;
+- :func:`replica_groups` - which local values must be bitwise identical over which axis
+  (:func:`identical_dims`); :func:`meta_problems` and :func:`replica_problems` judge what
+  the ranks of one axis sent;
 - :func:`grad_verdict` - each (full) grad present, finite and not all zero.
 
 A mesh here is anything with ``shape``, ``ndim``, ``size(dim)`` and ``mesh_dim_names``
-(a ``DeviceMesh``, or a fake in a unit test), so every branch runs without processes; the
-collectives themselves are covered by the world tests (``tests/test_parity_worlds.py``).
+(a ``DeviceMesh``, or a fake in a unit test), and ``mesh`` (its ranks) where a DTensor's
+own mesh is compared with it, so every branch runs without processes; the collectives
+themselves are covered by the world tests (``tests/test_parity_worlds.py``,
+``tests/test_parity_submesh.py``).
 
 Example (two ranks of one axis sent the same first tensor and different second ones)::
 
@@ -37,15 +44,21 @@ __all__ = [
     "ReplicaGroup",
     "dim_names",
     "grad_verdict",
+    "identical_dims",
     "is_dtensor",
+    "mesh_axes",
     "mesh_is_trivial",
     "meta_problems",
     "pack",
+    "placed",
+    "placement_problems",
     "replica_groups",
     "replica_meta",
     "replica_problems",
     "sharding_problems",
 ]
+
+_IN_THE_CELL = "not part of the cell's mesh"
 
 
 class MeshLike(Protocol):
@@ -70,6 +83,8 @@ class CheckOutcome:
     problems: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     skipped: str = ""
+    #: One line of evidence for the report (``sharding_active``: what was split over what).
+    summary: str = ""
 
     @property
     def ok(self) -> bool:
@@ -101,6 +116,147 @@ def dim_names(mesh: MeshLike) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------------------
+# where a DTensor lies on the cell's mesh
+
+
+def mesh_axes(own: Any, mesh: Any) -> tuple[tuple[int, ...], ...]:
+    """For each dim of ``own`` (a DTensor's mesh), the dims of the cell's ``mesh`` it runs
+    along; ``ValueError`` when ``own`` is not part of ``mesh``.
+
+    Read from the ranks alone (``own.mesh``, ``mesh.mesh``): ``mesh["cp1"]`` runs along
+    ``(1,)``, the flattened mesh along ``(0, 1)``, the cell's mesh itself along ``(0,), (1,)``.
+    Part of the cell's mesh means: the ranks of ``own`` are distinct ranks of ``mesh``, and
+    each dim of ``own`` covers exactly the ranks of a box of cell dims (a dim of size 1 runs
+    along none). Two dims of ``own`` then never share a cell dim: their plane would hold
+    more distinct ranks than the box of their cell dims has.
+
+    >>> from types import SimpleNamespace
+    >>> cell = SimpleNamespace(mesh=torch.arange(4).reshape(2, 2), shape=(2, 2), ndim=2,
+    ...                        mesh_dim_names=("cp0", "cp1"))
+    >>> def sub(ranks, names):
+    ...     return SimpleNamespace(mesh=torch.tensor(ranks), mesh_dim_names=names)
+    >>> mesh_axes(sub([2, 3], ("cp1",)), cell), mesh_axes(sub([0, 1, 2, 3], ("flat",)), cell)
+    (((1,),), ((0, 1),))
+    >>> mesh_axes(sub([0, 3], ("diag",)), cell)
+    Traceback (most recent call last):
+    ...
+    ValueError: its dim diag (2 ranks) runs across the cell's dims ('cp0', 'cp1') (4 ranks)
+    """
+    cell_ranks, ranks = mesh.mesh, own.mesh
+    where = {int(r): i for i, r in enumerate(cell_ranks.reshape(-1).tolist())}
+    flat = [int(r) for r in ranks.reshape(-1).tolist()]
+    outside = [r for r in flat if r not in where]
+    if outside:
+        raise ValueError(f"its ranks {outside} are outside the cell's mesh "
+                         f"{cell_ranks.tolist()}")
+    if len(set(flat)) != len(flat):
+        raise ValueError(f"its ranks {ranks.tolist()} repeat")
+    index = torch.tensor([where[r] for r in flat])
+    coords = torch.column_stack(torch.unravel_index(index, tuple(cell_ranks.shape)))
+    coords = coords.reshape(*ranks.shape, cell_ranks.ndim)
+    names, cell_names = dim_names(own), dim_names(mesh)
+    spans: list[tuple[int, ...]] = []
+    for d in range(ranks.ndim):
+        varies = (coords != coords.narrow(d, 0, 1)).reshape(-1, cell_ranks.ndim).any(0)
+        span = tuple(int(c) for c in varies.nonzero().reshape(-1).tolist())
+        box = math.prod(int(cell_ranks.shape[c]) for c in span)
+        if box != int(ranks.shape[d]):
+            raise ValueError(
+                f"its dim {names[d]} ({int(ranks.shape[d])} ranks) runs across the cell's "
+                f"dims {tuple(cell_names[c] for c in span)} ({box} ranks)"
+            )
+        spans.append(span)
+    return tuple(spans)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One dim of a DTensor's own mesh, seen from the cell's mesh."""
+
+    #: The dim's name on the DTensor's mesh (``cp1``, or a flattened ``cp0_cp1``).
+    name: str
+    size: int
+    #: The cell-mesh dims it runs along (empty for a dim of size 1).
+    cell_dims: tuple[int, ...]
+    placement: Any
+
+
+def placed(value: Any, mesh: Any) -> list[Placed]:
+    """Each placement of the DTensor ``value`` with the dim of its own mesh it applies to
+    and the cell-mesh dims that dim runs along; ``ValueError`` when its mesh is not part of
+    the cell's ``mesh`` (:func:`mesh_axes`) or the placements do not fit it.
+
+    A duck-typed DTensor without a ``device_mesh`` is laid out over the cell's mesh itself.
+
+    >>> from types import SimpleNamespace
+    >>> from torch.distributed.tensor import Replicate, Shard
+    >>> cell = SimpleNamespace(mesh=torch.arange(4).reshape(2, 2), shape=(2, 2), ndim=2,
+    ...                        mesh_dim_names=("cp0", "cp1"), size=lambda d: (2, 2)[d])
+    >>> cp1 = SimpleNamespace(mesh=torch.tensor([0, 1]), ndim=1, mesh_dim_names=("cp1",),
+    ...                       size=lambda d: 2)
+    >>> w = SimpleNamespace(device_mesh=cp1, placements=(Shard(0),))
+    >>> [(p.name, p.size, p.cell_dims, p.placement) for p in placed(w, cell)]
+    [('cp1', 2, (1,), Shard(dim=0))]
+    """
+    placements = tuple(value.placements)
+    own = getattr(value, "device_mesh", None)
+    spans: tuple[tuple[int, ...], ...]
+    if own is None:
+        own, spans = mesh, tuple((d,) for d in range(mesh.ndim))
+    else:
+        spans = mesh_axes(own, mesh)
+    if len(placements) != own.ndim:
+        raise ValueError(f"{len(placements)} placements {placements} for its "
+                         f"{own.ndim}-D mesh")
+    names = dim_names(own)
+    return [Placed(names[d], int(own.size(d)), spans[d], p) for d, p in enumerate(placements)]
+
+
+def placement_problems(named: Mapping[str, Any], mesh: Any) -> list[str]:
+    """One problem per DTensor whose mesh is not part of the cell's ``mesh`` (or whose
+    placements do not fit its mesh): no check can say which ranks must agree on it.
+
+    Non-DTensors are ignored: ``placement_problems({"x": torch.zeros(2), "n": 3}, mesh)``
+    is ``[]``. A DTensor over all 4 ranks of a world whose cell uses ranks 0 and 1 gives
+    ``["x: a DTensor on a mesh not part of the cell's mesh: its ranks [2, 3] are outside
+    the cell's mesh [[0, 1]]"]``.
+    """
+    problems = []
+    for name, value in named.items():
+        if not is_dtensor(value):
+            continue
+        try:
+            placed(value, mesh)
+        except ValueError as exc:
+            problems.append(f"{name}: a DTensor on a mesh {_IN_THE_CELL}: {exc}")
+    return problems
+
+
+def identical_dims(value: Any, mesh: Any) -> list[int]:
+    """The cell-mesh dims (of size > 1) over which ``value``'s local data must be bitwise
+    identical; ``ValueError`` as :func:`placed`.
+
+    A plain tensor: every one. A DTensor: every one that no ``Shard``/``Partial`` placement
+    of its own mesh runs along, so ``Replicate`` over a sub-mesh axis means identical over
+    that axis, and a cell axis its mesh does not span is implicitly replicated.
+
+    A weight of ``ColwiseParallel`` on ``mesh["cp1"]`` of a 2x2 cell (``Shard(0)`` over
+    cp1) must be identical over cp0 only: ``[0]``; its input, a plain tensor, over both:
+
+    >>> from types import SimpleNamespace
+    >>> cell = SimpleNamespace(ndim=2, size=lambda d: (2, 2)[d])
+    >>> identical_dims(torch.zeros(1), cell)
+    [0, 1]
+    """
+    differs: set[int] = set()
+    if is_dtensor(value):
+        for axis in placed(value, mesh):
+            if not axis.placement.is_replicate():
+                differs.update(axis.cell_dims)
+    return [d for d in range(mesh.ndim) if mesh.size(d) > 1 and d not in differs]
+
+
+# --------------------------------------------------------------------------------------
 # sharding active
 
 
@@ -108,44 +264,59 @@ def sharding_problems(named: Mapping[str, Any], mesh: MeshLike) -> CheckOutcome:
     """Every ``Shard(d)`` over a mesh axis of size > 1 must give ``local[d] < global[d]``,
     and at least one tensor must be sharded over such an axis. Skipped on a 1x1 mesh.
 
+    ``named`` holds whatever shows the parallel path is active: sharded inputs, outputs,
+    parameters (tensor parallel, FSDP), buffers or activations. Each DTensor is judged on
+    its own mesh (a sub-mesh such as ``mesh["cp1"]``, a flattened one, the cell's): its
+    axes are named as on that mesh. One that is not part of the cell's mesh is left to
+    :func:`placement_problems`. ``summary`` says which values were split over which axes.
+
     Only local and global shapes are read, so this needs no collective: every rank judges
     its own shard, and ``check_parity`` merges the ranks' problems.
 
     >>> from types import SimpleNamespace
     >>> mesh = SimpleNamespace(shape=(1, 2), ndim=2, mesh_dim_names=("cp0", "cp1"),
     ...                        size=lambda d: (1, 2)[d])
-    >>> sharding_problems({"x": torch.zeros(4)}, mesh).problems[0][:60]
-    'mesh (1, 2) has an axis > 1 but no input is sharded over it:'
+    >>> sharding_problems({"x": torch.zeros(4)}, mesh).problems[0][:58]
+    'mesh (1, 2) has an axis > 1 but nothing is sharded over it'
     """
     out = CheckOutcome()
     if mesh_is_trivial(mesh):
         out.skipped = "1x1 mesh: local == global by design"
         return out
-    names = dim_names(mesh)
+    split: dict[str, list[str]] = {}
     for name, value in named.items():
         if not is_dtensor(value):
-            continue  # a plain tensor among the inputs: the others still count
+            continue  # a plain tensor among the values: the others still count
+        try:
+            axes = placed(value, mesh)
+        except ValueError:
+            continue  # its mesh is not the cell's: placement_problems names it
         local_shape = tuple(value.to_local().shape)
         global_shape = tuple(value.shape)
-        for mesh_dim, placement in enumerate(value.placements):
-            if not placement.is_shard() or mesh.size(mesh_dim) == 1:
+        for axis in axes:
+            # Shard and FSDP2's _StridedShard (not is_shard() in torch 2.13) split a tensor
+            # dim; Replicate and Partial have no dim
+            dim = getattr(axis.placement, "dim", None)
+            if dim is None or axis.size == 1:
                 continue
-            dim = placement.dim
             if local_shape[dim] < global_shape[dim]:  # one evidence line per real split
+                split.setdefault(name, []).append(axis.name)
                 out.lines.append(
                     f"{name}: local {local_shape} < global {global_shape} "
-                    f"on dim {dim} over {names[mesh_dim]}"
+                    f"on dim {dim} over {axis.name}"
                 )
             else:  # a Shard that splits nothing: this rank holds the whole tensor
                 out.problems.append(
-                    f"{name}: Shard({dim}) over {names[mesh_dim]} (size {mesh.size(mesh_dim)}) "
+                    f"{name}: Shard({dim}) over {axis.name} (size {axis.size}) "
                     f"but local shape {local_shape} == global {global_shape} on dim {dim}"
                 )
     if not out.lines and not out.problems:
         out.problems.append(
-            f"mesh {tuple(mesh.shape)} has an axis > 1 but no input is sharded over it: "
-            f"declare Shard placements over {names} (the CP path would run as serial code)"
+            f"mesh {tuple(mesh.shape)} has an axis > 1 but nothing is sharded over it: "
+            f"no input, output, parameter, buffer or declared activation has a Shard "
+            f"placement over {dim_names(mesh)} (the parallel path would run as serial code)"
         )
+    out.summary = "; ".join(f"{name} over {'+'.join(axes)}" for name, axes in split.items())
     return out
 
 
@@ -168,9 +339,9 @@ def replica_groups(named: Mapping[str, Any], mesh: MeshLike) -> list[ReplicaGrou
     """Which values must be identical over which mesh axis, sorted by axis name.
 
     A plain tensor must be identical over every axis > 1 (along every row and every column
-    means everywhere); a DTensor's local data over every axis > 1 where it is
-    ``Replicate`` (a ``Shard`` or ``Partial`` axis legitimately differs). Non-tensors are
-    ignored.
+    means everywhere); a DTensor's local data over every axis > 1 that no ``Shard`` or
+    ``Partial`` placement of its own mesh runs along (:func:`identical_dims`). Non-tensors,
+    and DTensors on a mesh not part of the cell's (:func:`placement_problems`), are ignored.
 
     >>> from types import SimpleNamespace
     >>> mesh = SimpleNamespace(shape=(2, 1), ndim=2, mesh_dim_names=("cp0", "cp1"),
@@ -183,13 +354,12 @@ def replica_groups(named: Mapping[str, Any], mesh: MeshLike) -> list[ReplicaGrou
     for name, value in named.items():
         if not isinstance(value, torch.Tensor):
             continue
-        dtensor = is_dtensor(value)
-        local: torch.Tensor = value.to_local() if dtensor else value  # type: ignore[attr-defined]
-        for mesh_dim in range(mesh.ndim):
-            if mesh.size(mesh_dim) == 1:
-                continue
-            if dtensor and not value.placements[mesh_dim].is_replicate():  # type: ignore[attr-defined]
-                continue
+        try:
+            dims = identical_dims(value, mesh)
+        except ValueError:
+            continue  # its mesh is not the cell's: placement_problems names it
+        local: torch.Tensor = value.to_local() if is_dtensor(value) else value  # type: ignore[attr-defined]
+        for mesh_dim in dims:
             by_dim.setdefault(mesh_dim, {})[name] = local
     groups = [ReplicaGroup(names[d], d, tensors) for d, tensors in by_dim.items()]
     return sorted(groups, key=lambda g: g.label)
@@ -296,6 +466,9 @@ def grad_verdict(
     for name, grad in named.items():
         if grad is None:
             out.problems.append(f"{name}: no gradient (not connected to the output?)")
+            continue
+        if not isinstance(grad, torch.Tensor):
+            out.problems.append(f"{name}: a {type(grad).__name__}, not a tensor")
             continue
         nonfinite = int((~torch.isfinite(grad)).sum())  # integer grads: always finite
         if nonfinite:

@@ -1,7 +1,8 @@
 """The reference context-parallel suite: real CP ops on a 2-D ("cp0", "cp1") mesh.
 
-Each op has a serial twin (plain torch on full tensors) and takes its CP inputs from
-:func:`~cpmatrix.suite.distribute.distribute`, the one function that pads and shards.
+Each op has a serial twin (plain torch on full tensors) and takes its CP inputs cut by
+:func:`~cpmatrix.suite.distribute.pad_and_shard`, the suite's sharding convention (part of
+the code under test; the toolkit's own distributor is :func:`cpmatrix.parity.distribute`).
 Levels:
 
 * unit — :mod:`.ops.collectives` (all-gather / reduce-scatter along one axis, the
@@ -16,8 +17,8 @@ Importing this package imports torch but not triton.
 """
 
 from cpmatrix.suite.distribute import (
-    distribute,
     from_local,
+    pad_and_shard,
     pair_pad,
     pair_placements,
     pair_size,
@@ -28,8 +29,8 @@ from cpmatrix.suite.mutants import MUTANTS, planted
 
 __all__ = [
     "MUTANTS",
-    "distribute",
     "from_local",
+    "pad_and_shard",
     "pair_pad",
     "pair_placements",
     "pair_size",

@@ -1,9 +1,16 @@
-"""The distributor: pad a full tensor and cut this rank's shard out of it.
+"""The suite's sharding convention: pad a full tensor and cut this rank's shard out of it.
 
-This is the one place where the suite decides which rank holds which rows. The CP ops
-use it (directly or through :func:`shard_range`) and the tests use it to shard their
-inputs, so a bug here shows up on both sides of the seam instead of hiding in a
-test-only helper.
+This is where the suite's CP code decides which rank holds which rows; it is part of the
+code under test, not test infrastructure. The CP ops use it (directly or through
+:func:`shard_range`, where the planted bug ``shard_offset_off_by_one`` lives) and the
+suite's cases cut their CP inputs with it, so a bug here shows up on both sides of the
+seam instead of hiding in a test-only helper.
+
+It is not the toolkit's distributor (:func:`cpmatrix.parity.distribute`), which moves a
+serial test value into the CP view for any project, by a data layout (symbolic axes,
+grouped atoms, remapped indices) and DTensor's own chunking. A project with a production
+sharding function of its own (as this one) plugs it into the toolkit's data module
+(``SyntheticDataModule(distributor=...)``), so the tests exercise the real one.
 
 Layout conventions (a 2-D mesh with dims ``("cp0", "cp1")`` of sizes ``(R, C)``):
 
@@ -22,7 +29,7 @@ Example::
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp0", "cp1"))
     z = torch.randn(5, 5, 8, generator=g, dtype=torch.float64)      # same on all ranks
-    zd = distribute(z, mesh, pair_placements(z.ndim), pad_to=pair_pad(z, mesh))
+    zd = pad_and_shard(z, mesh, pair_placements(z.ndim), pad_to=pair_pad(z, mesh))
     zd.to_local().shape            # torch.Size([3, 3, 8]): N=5 padded to 6, halved twice
     undistribute(zd, z.shape)      # == z (the padding dropped)
 """
@@ -40,10 +47,10 @@ from cpmatrix.suite._typing import apply_fn
 from cpmatrix.suite.mutants import is_planted
 
 __all__ = [
-    "distribute",
     "from_local",
     "local_slices",
     "mesh_device",
+    "pad_and_shard",
     "padded_size",
     "pair_pad",
     "pair_placements",
@@ -153,7 +160,7 @@ def shard_range(size: int, parts: int, index: int) -> tuple[int, int]:
     if size % parts:
         raise ValueError(f"{size} rows cannot be cut in {parts} even shards; pad to "
                          f"{padded_size(size, parts)} first "
-                         "(distribute(..., pad_to_divisible=True))")
+                         "(pad_and_shard(..., pad_to_divisible=True))")
     step = size // parts
     start = index * step
     if index > 0 and is_planted("shard_offset_off_by_one"):
@@ -173,10 +180,10 @@ def local_slices(shape: Sequence[int], mesh: object, placements: Sequence[Placem
     return tuple(out)
 
 
-def distribute(full: torch.Tensor, mesh: object, placements: Sequence[Placement], *,
+def pad_and_shard(full: torch.Tensor, mesh: object, placements: Sequence[Placement], *,
                pad_to_divisible: bool = True, pad_to: Mapping[int, int] | None = None,
                pad_value: float | bool = 0) -> DTensor:
-    """Pad ``full`` and return this rank's shard of it as a ``DTensor``.
+    """Pad ``full`` and return this rank's shard of it as a ``DTensor`` (the suite's way).
 
     ``full`` must be the same on every rank (no data is sent). Each sharded dim is padded
     with ``pad_value`` up to a multiple of its number of shards (``pad_to_divisible``) or
@@ -186,7 +193,7 @@ def distribute(full: torch.Tensor, mesh: object, placements: Sequence[Placement]
 
     Example::
 
-        xd = distribute(x, mesh, seq_placements(0))         # x: (7, d) on a 1x3 mesh
+        xd = pad_and_shard(x, mesh, seq_placements(0))         # x: (7, d) on a 1x3 mesh
         xd.to_local().shape[0] == 3                         # 7 padded to 9
     """
     ndim = full.ndim

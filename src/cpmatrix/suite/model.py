@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from cpmatrix.suite.distribute import (
-    distribute,
+    pad_and_shard,
     padded_size,
     pair_placements,
     seq_placements,
@@ -125,12 +125,12 @@ def distribute_batch(batch: Batch, mesh: Any) -> Batch:
     npad = padded_size(n, mesh.size(0) * mesh.size(1))
     seq_pl, pair_pl = seq_placements(0), pair_placements(2, channels_last=False)
     return Batch(
-        seq=distribute(batch.seq, mesh, seq_pl, pad_to={0: npad}),
-        pair=distribute(batch.pair, mesh, pair_placements(3), pad_to={0: npad, 1: npad}),
-        mask=distribute(batch.mask, mesh, seq_pl, pad_to={0: npad}),
-        pair_mask=distribute(batch.pair_mask, mesh, pair_pl, pad_to={0: npad, 1: npad}),
-        target_seq=distribute(batch.target_seq, mesh, seq_pl, pad_to={0: npad}),
-        target_pair=distribute(batch.target_pair, mesh, pair_pl, pad_to={0: npad, 1: npad}),
+        seq=pad_and_shard(batch.seq, mesh, seq_pl, pad_to={0: npad}),
+        pair=pad_and_shard(batch.pair, mesh, pair_placements(3), pad_to={0: npad, 1: npad}),
+        mask=pad_and_shard(batch.mask, mesh, seq_pl, pad_to={0: npad}),
+        pair_mask=pad_and_shard(batch.pair_mask, mesh, pair_pl, pad_to={0: npad, 1: npad}),
+        target_seq=pad_and_shard(batch.target_seq, mesh, seq_pl, pad_to={0: npad}),
+        target_pair=pad_and_shard(batch.target_pair, mesh, pair_pl, pad_to={0: npad, 1: npad}),
     )
 
 

@@ -2,8 +2,8 @@
 
 The toolkit's :class:`~cpmatrix.parity.SyntheticDataModule` synthesizes one sample of
 features; *how* its CP view is cut is the CP code's business. The distributors here make
-that view with the suite's own :func:`cpmatrix.suite.distribute` (the function the CP ops
-and the model use), so a bug in it (mutant ``shard_offset_off_by_one``) shows up in every
+that view with the suite's own :func:`cpmatrix.suite.pad_and_shard` (the function the CP
+ops and the model use), so a bug in it (mutant ``shard_offset_off_by_one``) shows up in every
 case instead of hiding behind a test-only helper:
 
 * :func:`layout_view` - no features, only the sample's layout: activations with a symbolic
@@ -51,7 +51,7 @@ from cpmatrix.parity import (
 )
 from cpmatrix.suite import (
     MUTANTS,
-    distribute,
+    pad_and_shard,
     pair_placements,
     planted,
     seq_placements,
@@ -123,7 +123,7 @@ class SuiteFeatureBatch(FeatureBatch):
     """A :class:`~cpmatrix.parity.FeatureBatch` whose activations are cut by the suite.
 
     ``check_parity`` lays out an input with symbolic axes through ``batch.distribute``;
-    here that is :func:`cpmatrix.suite.distribute` with every ``"N"`` dim padded to the
+    here that is :func:`cpmatrix.suite.pad_and_shard` with every ``"N"`` dim padded to the
     layout's size, so inputs and features of a case share one distributor.
     """
 
@@ -142,7 +142,7 @@ class SuiteFeatureBatch(FeatureBatch):
             raise ValueError(f"tensor of shape {tuple(value.shape)} but axes {tuple(axes)}")
         pad_to = {d: self.layout.axes[a].padded for d, a in enumerate(axes) if isinstance(a, str)}
         # a sharded dim without a named axis could not be mapped back: refuse to pad it
-        out = distribute(value, self.mesh, _placements(placements), pad_to_divisible=False,
+        out = pad_and_shard(value, self.mesh, _placements(placements), pad_to_divisible=False,
                          pad_to=pad_to, pad_value=pad)
         return out.requires_grad_(True) if requires_grad else out
 
@@ -198,7 +198,7 @@ def seq_view(features: Mapping[str, torch.Tensor], mesh: Any, *,
         if spec.axes[0] != "N" or "N" in spec.axes[1:] or spec.index_of is not None:
             raise ValueError(f"seq_view lays out per-token features; {name} has axes {spec.axes}")
         serial[name] = features[name]
-        cp[name] = distribute(features[name], mesh, seq_placements(0), pad_to={0: npad},
+        cp[name] = pad_and_shard(features[name], mesh, seq_placements(0), pad_to={0: npad},
                               pad_value=spec.pad)
     return feature_batch(serial, cp, layout, mesh)
 
@@ -224,7 +224,7 @@ def pair_view(features: Mapping[str, torch.Tensor], mesh: Any, *,
             raise ValueError(f"pair_view lays out pair features and token_mask; {name} has "
                              f"axes {spec.axes}")
         serial[out] = full
-        cp[out] = distribute(full, mesh, pair_placements(full.ndim, channels_last=channels),
+        cp[out] = pad_and_shard(full, mesh, pair_placements(full.ndim, channels_last=channels),
                              pad_to={0: npad, 1: npad}, pad_value=spec.pad)
     return feature_batch(serial, cp, layout, mesh)
 

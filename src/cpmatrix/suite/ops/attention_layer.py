@@ -15,8 +15,8 @@ Example::
     serial = Attention(16, heads=2, head_dim=4)
     cp = CPAttention(16, heads=2, head_dim=4, mesh=mesh)
     cp.load_state_dict(serial.state_dict())
-    xd = distribute(x, mesh, seq_placements(x.ndim - 2))          # x: (S, 16)
-    md = distribute(mask, mesh, seq_placements(mask.ndim - 1))    # mask: (S,) bool
+    xd = pad_and_shard(x, mesh, seq_placements(x.ndim - 2))          # x: (S, 16)
+    md = pad_and_shard(mask, mesh, seq_placements(mask.ndim - 1))    # mask: (S,) bool
     undistribute(cp(xd, md), x.shape)  # == serial(x, mask)
 """
 

@@ -10,7 +10,7 @@ Example::
 
     ln = ShardedLayerNorm(8, mesh)
     ln.load_state_dict(LayerNorm(8).state_dict())
-    y = ln(distribute(z, mesh, pair_placements(z.ndim), pad_to=pair_pad(z, mesh)))
+    y = ln(pad_and_shard(z, mesh, pair_placements(z.ndim), pad_to=pair_pad(z, mesh)))
 """
 
 from __future__ import annotations

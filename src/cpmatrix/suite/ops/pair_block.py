@@ -12,8 +12,8 @@ Example::
     cp = CPPairBlock(8, hidden=8, heads=2, head_dim=4, mesh=mesh)
     cp.load_state_dict(serial.state_dict())
     pad = pair_pad(z, mesh)
-    zd = distribute(z, mesh, pair_placements(z.ndim), pad_to=pad)
-    md = distribute(m, mesh, pair_placements(m.ndim, channels_last=False), pad_to=pad)
+    zd = pad_and_shard(z, mesh, pair_placements(z.ndim), pad_to=pad)
+    md = pad_and_shard(m, mesh, pair_placements(m.ndim, channels_last=False), pad_to=pad)
     undistribute(cp(zd, md), z.shape)   # == serial(z, m)
 """
 

@@ -284,8 +284,8 @@ def ring_attention(q: DTensor, k: DTensor, v: DTensor, *, key_mask: DTensor | No
     Example::
 
         pl = seq_placements(2)                                   # (B, H, S, D)
-        qd, kd, vd = (distribute(t, mesh, pl) for t in (q, k, v))
-        md = distribute(mask, mesh, pl)        # (B, 1, S) bool, padding -> False
+        qd, kd, vd = (pad_and_shard(t, mesh, pl) for t in (q, k, v))
+        md = pad_and_shard(mask, mesh, pl)        # (B, 1, S) bool, padding -> False
         out = ring_attention(qd, kd, vd, key_mask=md)            # DTensor (B, H, S, D)
     """
     seq = q.ndim - 2

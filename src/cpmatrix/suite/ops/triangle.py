@@ -89,7 +89,7 @@ class CPTriangleMultiplication(TriangleMultiplication):
 
         cp = CPTriangleMultiplication(8, 8, "outgoing", mesh=mesh)
         cp.load_state_dict(serial.state_dict())
-        dz = cp(zd, md)     # zd, md from distribute(..., pair_placements(...), pad_to=...)
+        dz = cp(zd, md)     # zd, md from pad_and_shard(..., pair_placements(...), pad_to=...)
     """
 
     def __init__(self, channels: int, hidden: int, direction: Direction, mesh: Any, *,
