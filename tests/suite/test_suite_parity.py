@@ -1,16 +1,19 @@
-"""CP vs serial parity of every reference-suite op on real gloo worlds, and its negative controls.
+"""CP vs serial parity of every reference-suite op, and its negative controls, run by cpmatrix.
 
-One world per mesh runs every check (see ``_suite_checks``); the tests below read its
-results. Meshes: 1x1 (the decomposition with no-op collectives), 1x2 (even sizes; also
-the Triton kernel path, fp32, and bf16 autocast), 2x2 (padding: N=5), 2x3 (non-square
-with both axes > 1; N=9, so one column shard and one sequence shard hold a single real
-element and others none). Every planted mutant must make its check fail on 2x2.
+The hand-written checks of ``_suite_checks`` (a second opinion on the suite, written without
+the parity toolkit) are cases (``_suite_cases``) of ``tests/resources/suite_checks.yaml``;
+``cpmatrix run`` runs them in its own batched worlds, as it runs a user's cases. Meshes: 1x1
+(no-op collectives), 1x2 (even sizes; also the Triton kernel path, fp32, and bf16 with and
+without autocast), 2x2 (padding: N=5), 2x3 (both axes > 1; N=9, so one column shard and one
+sequence shard hold a single real element and others none). Every planted mutant of
+``cpmatrix.suite`` must be killed by a numerical mismatch (not a crash) of the check
+``_suite_cases.MUTANT_CHECKS`` names, on 2x2 in fp64 and two of them also in bf16.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,119 +21,42 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # helpers, also under --import-mode=importlib
 
+from _suite_cases import MUTANT_CHECKS
 from _suite_checks import CHECKS
-from _suite_world import Job, run_world
 
+from cli_runner import RES, run_cli
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import load_matrix
 from cpmatrix.suite.mutants import MUTANTS
 
-#: mesh -> (shape, n): n is the base size of the checks (pair N; sequences use n+1, n+2)
-MESHES: dict[str, tuple[tuple[int, int], int]] = {
-    "1x1": ((1, 1), 5),
-    "1x2": ((1, 2), 6),
-    "2x2": ((2, 2), 5),
-    "2x3": ((2, 3), 9),
-}
-#: the mesh whose world also runs the kernel path (fp32), bf16 autocast and plain bf16
-KERNEL_MESH = "1x2"
-#: the mesh whose world also runs every mutant
-MUTANT_MESH = "2x2"
-
-#: mutant -> the check that must catch it
-MUTANT_CHECKS: dict[str, str] = {
-    "shard_offset_off_by_one": "layer_norm",
-    "no_grad_allreduce": "layer_norm",
-    "allgather_bwd_no_reduce": "all_gather",
-    "reduce_scatter_no_sum": "reduce_scatter",
-    "transpose_view_not_permute": "transpose",
-    "ring_skip_last_step": "ring_attention",
-    "lse_merge_sign": "ring_attention",
-    "ring_no_dkv_return": "ring_attention",
-    "pad_mask_off": "ring_attention",
-    "tri_mask_off": "triangle_outgoing",
-    "loss_double_count": "train_step",
-}
-
-#: extra (label, check, params, dtype) on the kernel mesh
-KERNEL_JOBS: list[tuple[str, str, dict[str, Any], str]] = [
-    (f"kernel:{c}", c, {"path": "kernel"}, "float32")
-    for c in ("layer_norm", "attention_layer", "pair_attention")
-] + [
-    (f"autocast:{c}", c, {"autocast": True}, "float32")
-    for c in ("attention_layer", "pair_block")
-] + [
-    (f"bf16:{c}", c, {}, "bfloat16") for c in ("attention_layer", "pair_block")
-]
-
-
-def _jobs(mesh: str) -> list[Job]:
-    _, n = MESHES[mesh]
-    jobs = [Job(name, f"_suite_checks:check_{name}", params=(("n", n),)) for name in CHECKS]
-    if mesh == KERNEL_MESH:
-        jobs += [Job(label, f"_suite_checks:check_{c}", dtype=dt,
-                     params=(("n", n), *sorted(p.items())))
-                 for label, c, p, dt in KERNEL_JOBS]
-    if mesh == MUTANT_MESH:
-        jobs += [Job(f"mutant:{m}", f"_suite_checks:check_{c}", mutant=m, params=(("n", n),))
-                 for m, c in MUTANT_CHECKS.items()]
-    return jobs
-
-
-@cache
-def _world(mesh: str, out_dir: str) -> dict[str, Any]:
-    """Run the mesh's world once per session; a crash is kept and re-raised per test."""
-    shape, _ = MESHES[mesh]
-    env = {"TRITON_INTERPRET": "1"} if mesh == KERNEL_MESH else {}
-    try:
-        return run_world(shape, _jobs(mesh), Path(out_dir) / f"world-{mesh}.json", env)
-    except Exception as e:  # the world died: every test of this mesh reports it
-        return {"__crash__": f"{type(e).__name__}: {e}"}
+MATRIX = RES / "suite_checks.yaml"
+CELLS = [c.id for c in expand(load_matrix(MATRIX)).cells]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    out = str(tmp_path_factory.mktemp("suite-worlds"))
-
-    def get(mesh: str) -> dict[str, Any]:
-        res = _world(mesh, out)
-        if "__crash__" in res:
-            pytest.fail(f"the {mesh} world crashed: {res['__crash__']}")
-        return res
-
-    return get
-
-
-def _result(world: Any, mesh: str, label: str) -> dict[str, Any]:
-    res = world(mesh)
-    assert label in res, f"{label} did not run on {mesh}"
-    r: dict[str, Any] = res[label]
-    return r
-
-
-PARITY = [(mesh, name) for mesh in MESHES for name in CHECKS]
-EXTRA = [(KERNEL_MESH, label) for label, *_ in KERNEL_JOBS]
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One ``cpmatrix run`` of the whole matrix; its results by cell id."""
+    out = tmp_path_factory.mktemp("suite-checks")
+    proc = run_cli("run", "--matrix", str(MATRIX), "--out", str(out), "--plain", "--no-cache",
+                   timeout=900)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_id = {r["cell_id"]: r for r in json.loads((Path(out) / "results.json").read_text())}
+    assert sorted(by_id) == sorted(CELLS), "every cell of the matrix ends as one result"
+    return by_id
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mesh", "label"), PARITY + EXTRA,
-                         ids=[f"{m}-{c}" for m, c in PARITY + EXTRA])
-def test_parity(world: Any, mesh: str, label: str) -> None:
-    r = _result(world, mesh, label)
+@pytest.mark.parametrize("cell_id", CELLS)
+def test_cell(results: dict[str, dict[str, Any]], cell_id: str) -> None:
+    r = results[cell_id]
     # self-verifying log: the evidence is printed on success too (pytest -rP shows it)
-    print(f"[{mesh}] {label} ({r['seconds']} s)", *r["lines"], sep="\n  ")
-    assert r["ok"], "\n".join(r["failures"])
+    print(cell_id, *(f"{k}: {v}" for k, v in r["evidence"].items()), sep="\n  ")
+    assert r["status"] == "passed", "\n".join(f["message"] for f in r["failures"])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mutant", sorted(MUTANT_CHECKS))
-def test_mutant_is_killed(world: Any, mutant: str) -> None:
-    r = _result(world, MUTANT_MESH, f"mutant:{mutant}")
-    print(f"[{MUTANT_MESH}] {mutant} -> check {MUTANT_CHECKS[mutant]}", *r["failures"][:8],
-          sep="\n  ")
-    assert not r["ok"], f"mutant {mutant} survived check {MUTANT_CHECKS[mutant]}"
-    # killed by a numerical mismatch, not by a crash the bug happened to cause
-    assert any("raised:" not in f for f in r["failures"]), r["failures"]
-
-
-def test_every_mutant_has_a_negative_control() -> None:
+def test_every_check_and_every_mutant_is_in_the_matrix() -> None:
+    assert {c.split("check=")[1].split("]")[0] for c in CELLS if "check=" in c} == set(CHECKS)
     assert set(MUTANT_CHECKS) == set(MUTANTS)
     assert set(MUTANT_CHECKS.values()) <= set(CHECKS)
+    planted = {c.split("plant=")[1].split("]")[0] for c in CELLS if "plant=" in c}
+    assert planted == set(MUTANTS)
