@@ -1,9 +1,11 @@
 """The recipes (``matrix/recipes.yaml``, ``cpmatrix.recipes``) and ``docs/recipes.md``.
 
 Fast: the recipes are user code (public API only), the matrix runs every recipe, the doc's
-table names every recipe and planted bug, and its own-module snippet stays under 30 lines.
+table names every recipe and planted bug, the README lists each recipe, and the README's
+own-module snippet stays under 30 lines.
 Slow: ``cpmatrix run --matrix matrix/recipes.yaml --mutants`` (every cell passes, every
-planted bug is killed by the check the doc names) and the doc's snippet run as a user would.
+planted bug is killed by the check the doc names) and the README's snippet run as a user
+would.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from cpmatrix.parity import CHECKS, declared_mutants
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = ROOT / "matrix" / "recipes.yaml"
 DOC = (ROOT / "docs" / "recipes.md").read_text()
+README = (ROOT / "README.md").read_text()
 RECIPES = ROOT / "src" / "cpmatrix" / "recipes"
 
 #: target -> {mutant: the check that kills it}: what docs/recipes.md promises.
@@ -82,8 +85,14 @@ def test_the_doc_names_every_recipe_bug_and_the_check_that_kills_it() -> None:
             assert f"| `{check}`" in row, (mutant, row)
 
 
+def test_the_readme_has_a_line_per_recipe() -> None:
+    section = README.split("### Recipes", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("`")[1] for line in section.splitlines() if line.startswith("- `")}
+    assert listed == {p.stem for p in RECIPES.glob("*.py")} - {"__init__"}
+
+
 def _snippet() -> tuple[str, str]:
-    section = DOC.split("## Bring your own", 1)[1]
+    section = README.split("### Your own TP/FSDP2/CP module", 1)[1]
     python = re.search(r"```python\n(.*?)```", section, re.S)
     matrix = re.search(r"```yaml\n(.*?)```", section, re.S)
     assert python and matrix
@@ -94,7 +103,7 @@ def test_the_own_module_snippet_is_under_30_lines_as_the_doc_says() -> None:
     python, matrix = _snippet()
     lines = [sum(1 for line in block.splitlines() if line.strip()) for block in (python, matrix)]
     assert sum(lines) < 30
-    assert f"({lines[0]} lines of Python, {lines[1]} of YAML)" in DOC
+    assert f"({lines[0]} lines of Python, {lines[1]} of YAML)" in README
     ast.parse(python)
 
 
