@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the tests need besides src/ and tests/ (mutmut copies those, and pyproject.toml).
-COPY = ("src", "tests", "pyproject.toml", "README.md", "matrix")
+COPY = ("src", "tests", "pyproject.toml", "README.md", "matrix", "docs")
 
 #: mutmut's exit codes per mutant (mutmut/stats.py), folded into our columns.
 KILLED = {1, 3}
