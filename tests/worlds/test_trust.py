@@ -354,6 +354,41 @@ def test_sigkill_of_cpmatrix_takes_torchrun_and_the_ranks_down(tmp_path: Path) -
             proc.kill()
 
 
+@pytest.mark.slow
+@pytest.mark.docker
+def test_sigkill_of_cpmatrix_ends_the_docker_world(tmp_path: Path) -> None:
+    """Killing the ``docker run`` client leaves its container running: the watchdog inside
+    (``cpmatrix.remote.watchdog``) must end it, ranks and all, when cpmatrix is gone."""
+    if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode:
+        pytest.skip("docker tests need a running engine")
+    out = tmp_path / "out"
+    proc = start_cli("run", "--matrix", str(SIGNALS), "-k", "s2_sleeper", "--no-cache",
+                     "--plain", "--runner", "docker", "--out", str(out), log=tmp_path / "log")
+    world = out / "worlds"
+    prefix = f"cpmatrix-{proc.pid}-"
+
+    def containers() -> list[str]:
+        ps = subprocess.run(["docker", "ps", "--all", "--format", "{{.Names}}"],
+                            capture_output=True, text=True, check=True)
+        return [n for n in ps.stdout.split() if n.startswith(prefix)]
+
+    try:
+        wait_for("the ranks to start", lambda: len(list(world.glob("*/rank*.pid"))) == 2,
+                 timeout=300)
+        ranks = [json.loads(p.read_text())["pid"] for p in world.glob("*/rank*.pid")]
+        assert containers(), "the world runs in a container of this run"
+        proc.kill()
+        proc.wait()
+        wait_for("the container and its ranks to end",
+                 lambda: not containers() and not any(pid_alive(p) for p in ranks),
+                 timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for name in containers():
+            subprocess.run(["docker", "rm", "--force", name], capture_output=True, check=False)
+
+
 def test_an_out_folder_holding_user_files_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "mine"
     (out / "cells").mkdir(parents=True)

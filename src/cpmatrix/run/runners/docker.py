@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Final
 
 from cpmatrix.paths import IMPORT_ROOT
+from cpmatrix.remote.watchdog import watch_argv
 from cpmatrix.run.runners import image as _image
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.run.runners.sandbox import CELL_HOSTNAME, hosts_file
@@ -114,8 +115,11 @@ def docker_run_argv(
     gpus: bool = False,
     hosts: str | None = None,
     user: str | None = None,
+    supervisor: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The ``docker run`` argv for ``launch`` and the container's environment (pure).
+    """The ``docker run`` argv for ``launch`` and the container's environment (pure but
+    for ``supervisor``: the pid whose death ends the container, see
+    :mod:`cpmatrix.remote.watchdog`; its start time is read from ``/proc``).
 
     Example::
 
@@ -171,7 +175,12 @@ def docker_run_argv(
         argv += _mount(str(path), readonly=mounts[path])
     for key in sorted(env):
         argv += ["-e", key]  # NAME only: the value comes from the client's environment
-    argv += [image, *container_argv(launch.argv)]
+    command = container_argv(launch.argv)
+    if supervisor is not None:
+        # Killing the client leaves a container running: the watchdog ends it when
+        # cpmatrix is gone, even after a SIGKILL that no handler sees.
+        command = watch_argv("python3", supervisor, command)
+    argv += [image, *command]
     return argv, env
 
 
@@ -278,6 +287,7 @@ class DockerRunner:
             hosts=hosts_file(),
             # The caller's ids: files in the output folder belong to whoever ran cpmatrix.
             user=f"{os.getuid()}:{os.getgid()}",
+            supervisor=os.getpid(),
         )
         return argv, _client_env(container_env, launch.env)
 
