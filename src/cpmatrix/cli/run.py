@@ -17,13 +17,14 @@ from pathlib import Path
 
 from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
 from cpmatrix.cli.console import Progress, format_summary
-from cpmatrix.errors import ExitCode
+from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.executors import EXECUTORS, executor_for
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.outdir import claim_out
 from cpmatrix.run.session import load_durations, run_cells
 from cpmatrix.run.setup import devices_for, prepare_run
+from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 
 __all__ = ["add_parsers", "run"]
@@ -42,6 +43,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 def run(args: argparse.Namespace) -> int:
     options = RunOptions.from_namespace(args)
+    if options.scheduler == "slurm":
+        raise UsageError("--scheduler slurm: not built yet")
     out = Path(options.out).resolve()
     # Claim --out first: whatever happens next (a spec error included), the folder can no
     # longer hold the previous run's report for a gate to read as this run's.
@@ -53,6 +56,17 @@ def run(args: argparse.Namespace) -> int:
         if not cells:
             print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
             return ExitCode.NOTHING_SELECTED
+        if options.shard is not None:
+            cells, manifest = take_shard(cells, options.shard, recorded_durations(options, out))
+            print(f"shard {manifest.shard}/{manifest.of}: {len(manifest.cells)} of "
+                  f"{len(manifest.all_cells)} cells", flush=True)
+            if claim is not None:
+                manifest.write(out)
+                if not cells:  # more shards than cells: an empty report, not a failure
+                    write_empty_report(out, claim.run_id)
+                    return ExitCode.OK
+            elif not cells:
+                return ExitCode.OK
         if claim is None:
             return _dry_run(cells, {p.name: p for p in matrix.platforms}, options, out)
         prepared = prepare_run(options, matrix, cells, claim)
@@ -73,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                     on_result=progress.update, stopper=stopper, skipped=prepared.skipped)
             finally:
                 progress.stop()
-            _write_html(out)
+            write_report_html(out)
             print(format_summary(report, os.path.relpath(out)))
             if prepared.mutants is not None:
                 print(report.mutant_line())
@@ -93,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES
 
 
-def _write_html(out: Path) -> None:
+def write_report_html(out: Path) -> None:
     """report.html beside report.xml; a rendering problem never fails the run."""
     from cpmatrix.report import ReportError
     from cpmatrix.report.html import write_html
