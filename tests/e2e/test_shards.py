@@ -91,3 +91,18 @@ def test_bad_shard_and_merge_input_exit_2(tmp_path: Path) -> None:
             {"shard": 1, "of": n, "selection": f"sel{n}", "partition": [[]] * n}))
     proc = run_cli("merge", str(one), str(two), "--out", str(tmp_path / "m"))
     assert proc.returncode == 2 and "different selections" in proc.stderr, proc.stderr
+
+
+def test_slurm_dry_run_prints_the_slots_and_the_makespan(tmp_path: Path) -> None:
+    # No Slurm needed to plan: four worlds (one cell each) on two job slots, longest first.
+    durations = tmp_path / "durations.json"
+    ids = [c.split()[0] for c in run_cli("list", "--matrix", MATRIX, "--platform", "cpu")
+           .stdout.splitlines() if c.endswith("@cpu")]
+    durations.write_text(json.dumps({c: float(i + 1) for i, c in enumerate(sorted(ids))}))
+    proc = run_cli("run", "--matrix", MATRIX, "--scheduler", "slurm", "--max-jobs", "2",
+                   "--batch-size", "1", "--durations", str(durations), "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Weights 4, 3, 2, 1 (by id order) on 2 slots: {4, 1} and {3, 2}, makespan 5.
+    assert "slurm: 4 jobs (one per world) on 2 slots (--max-jobs 2); expected makespan " \
+        "5.0 s (serial 10.0 s)" in proc.stdout, proc.stdout
+    assert proc.stdout.count("  slot ") == 2

@@ -22,12 +22,13 @@ Example::
     >>> r = SlurmRunner(LocalRunner(), SlurmSettings(partition="gpu", extra_args=("--time=30",)))
     >>> r.command(Launch(argv=("torchrun", "x"), env={}, cwd="/", name="w1"))[0]
     ['srun', '--job-name=w1', '--nodes=1', '--ntasks=1', '--kill-on-bad-exit=1', \
-'--partition=gpu', '--time=30', 'torchrun', 'x']
+'--export=ALL', '--partition=gpu', '--time=30', 'torchrun', 'x']
 """
 
 from __future__ import annotations
 
 import getpass
+import os
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,8 @@ ENDED_BY_SLURM: Final = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
 UNSETTLED: Final = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT",
                               "SIGNALING"})
 SETTLE_S: Final = 15.0
+#: What srun needs from the caller's environment to reach the cluster (not the world's).
+SRUN_ENV: Final = ("SLURM_CONF",)
 #: How often Slurm is asked about the run's jobs (one squeue for all of them).
 QUERY_EVERY_S: Final = 1.0
 
@@ -128,8 +131,10 @@ class SlurmRunner:
         cmd, env = self.inner.command(launch)
         s = self.settings
         name = job_name(launch)
+        # --export=ALL: the task gets exactly srun's environment, which is the world's
+        # hermetic one (a site default of SLURM_EXPORT_ENV=NONE would otherwise drop it).
         argv = ["srun", f"--job-name={name}", "--nodes=1", "--ntasks=1",
-                "--kill-on-bad-exit=1"]
+                "--kill-on-bad-exit=1", "--export=ALL"]
         if launch.devices:
             # Slurm picks the node's GPUs and sets CUDA_VISIBLE_DEVICES in the task; the
             # submit host's device numbers mean nothing there.
@@ -140,6 +145,8 @@ class SlurmRunner:
         if s.account:
             argv.append(f"--account={s.account}")
         argv += [*s.extra_args, *cmd]
+        # srun itself must find the cluster's configuration where it is not the default.
+        env = {**env, **{k: os.environ[k] for k in SRUN_ENV if k in os.environ}}
         self.submitted.append(name)
         return argv, env
 
