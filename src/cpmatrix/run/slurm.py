@@ -48,8 +48,8 @@ from cpmatrix.run.options import RunOptions
 from cpmatrix.run.plan import Batch, world_weights
 from cpmatrix.run.runners.base import Launch, Runner
 
-__all__ = ["ENDED_BY_SLURM", "SlurmJob", "SlurmRunner", "SlurmSettings", "slurm_missing",
-           "slurm_plan", "slurm_scheduling"]
+__all__ = ["ENDED_BY_SLURM", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
+           "parse_states", "query_states", "slurm_missing", "slurm_plan", "slurm_scheduling"]
 
 #: Job states in which Slurm, not the world, ended the job.
 ENDED_BY_SLURM: Final = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -113,8 +113,10 @@ class SlurmRunner:
         self.inner = inner
         self.settings = settings
         self.name = inner.name  # the runner that isolates the world, as reported
-        #: Job names submitted by this run, in order; cancelled ones (by cpmatrix).
+        #: Job names submitted by this run, in order; cancelled ones (by cpmatrix);
+        #: the ones whose state is still of interest (asked about together).
         self.submitted: list[str] = []
+        self.watching: set[str] = set()
         self.cancelled: set[str] = set()
         self._states: dict[str, JobState] = {}
         self._asked_at = 0.0
@@ -170,31 +172,59 @@ class SlurmRunner:
             print(f"warning: scancel of Slurm job {name} failed: {exc}", file=sys.stderr)
 
     def state(self, name: str, fresh: bool = False) -> JobState | None:
-        """The job's squeue row (asked at most every QUERY_EVERY_S for all jobs)."""
+        """The job's state: one squeue call at most every QUERY_EVERY_S for all the jobs
+        being watched (``fresh``: ask now)."""
         now = time.monotonic()
         if fresh or now - self._asked_at >= QUERY_EVERY_S:
             self._asked_at = now
-            self._states = self._query(self.submitted[-200:])
+            self._states = query_states(sorted(self.watching | {name}))
         return self._states.get(name)
 
-    @staticmethod
-    def _query(names: Sequence[str]) -> dict[str, JobState]:
-        if not names:
-            return {}
-        try:
-            proc = subprocess.run(
-                ["squeue", "--noheader", "--states=all", f"--name={','.join(names)}",
-                 "--format=%j|%i|%T|%r"], capture_output=True, text=True, timeout=30,
-                check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return {}
-        states: dict[str, JobState] = {}
-        for line in proc.stdout.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 4:
-                # The latest job of a name wins (a name is submitted once per launch).
-                states[parts[0]] = JobState(job_id=parts[1], state=parts[2], reason=parts[3])
-        return states
+
+def query_states(names: Sequence[str]) -> dict[str, JobState]:
+    """Job name -> state, from squeue (which keeps ended jobs for MinJobAge, 300 s by
+    default), and from sacct for a name squeue no longer knows (where the cluster keeps
+    accounting; without it, sacct fails and the name is simply unknown)."""
+    if not names:
+        return {}
+    states = _ask(["squeue", "--noheader", "--states=all", f"--name={','.join(names)}",
+                   "--format=%j|%i|%T|%r"])
+    gone = [n for n in names if n not in states]
+    if gone:
+        found = _ask(["sacct", "--noheader", "--allocations", "--parsable2",
+                      f"--name={','.join(gone)}", "--format=JobName,JobID,State,Reason"])
+        states.update({n: st for n, st in found.items() if n in gone})
+    return states
+
+
+def _ask(argv: list[str]) -> dict[str, JobState]:
+    """``name|id|state|reason`` rows -> states; nothing when the tool fails.
+
+    sacct writes a cancel as ``CANCELLED by 0``: the state is the first word.
+    """
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    return parse_states(proc.stdout)
+
+
+def parse_states(text: str) -> dict[str, JobState]:
+    """Rows of ``name|id|state|reason``; the last row of a name wins.
+
+    >>> parse_states("w1|42|CANCELLED by 0|None\\nnoise\\nw2|43|PENDING|BeginTime\\n")
+    {'w1': JobState(job_id='42', state='CANCELLED', reason='None'), \
+'w2': JobState(job_id='43', state='PENDING', reason='BeginTime')}
+    """
+    states: dict[str, JobState] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[2]:
+            states[parts[0]] = JobState(job_id=parts[1], state=parts[2].split()[0],
+                                        reason=parts[3])
+    return states
 
 
 class SlurmJob:
@@ -245,6 +275,7 @@ class SlurmJob:
         self.inner.start()
         if len(self.runner.submitted) > before:
             self.slurm_name = self.runner.submitted[before]
+            self.runner.watching.add(self.slurm_name)
         self.submitted_at = time.monotonic()
 
     def poll(self) -> list[tuple[Entry, Result]]:
@@ -261,7 +292,10 @@ class SlurmJob:
                     self.inner.started_at = time.monotonic()
                 return []
             if st is not None:
+                # Running: the world's own files say the rest, until it ends (then one
+                # fresh question for Slurm's verdict).
                 self.running = True
+                self.runner.watching.discard(self.slurm_name)
         results = self.inner.poll()
         if self.inner.finished and self.slurm_name \
                 and self.slurm_name not in self.runner.cancelled:
@@ -270,6 +304,7 @@ class SlurmJob:
 
     def _fail_pending(self, st: JobState, waited: float) -> list[tuple[Entry, Result]]:
         self.runner.cancel(self.slurm_name)
+        self.runner.watching.discard(self.slurm_name)
         self.inner.kill()
         self._pending_failed = True
         # "could not start": infrastructure, so it is not retried alone (another wait).
