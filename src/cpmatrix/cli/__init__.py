@@ -17,14 +17,14 @@ import traceback
 from collections.abc import Sequence
 from typing import Final
 
-from cpmatrix.cli import gate, list, report, repro, run, show
+from cpmatrix.cli import gate, list, merge, report, repro, run, show
 from cpmatrix.cli.common import Parser
 from cpmatrix.errors import ExitCode, SpecError, UsageError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: Every subcommand's module, in the order ``cpmatrix --help`` lists them.
-COMMANDS: Final = (list, show, run, repro, gate, report)
+COMMANDS: Final = (list, show, run, merge, repro, gate, report)
 
 
 def build_parser() -> Parser:

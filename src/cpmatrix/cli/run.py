@@ -17,13 +17,15 @@ from pathlib import Path
 
 from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
 from cpmatrix.cli.console import Progress, format_summary
-from cpmatrix.errors import ExitCode
+from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.executors import EXECUTORS, executor_for
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.outdir import claim_out
-from cpmatrix.run.session import load_durations, run_cells
+from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, prepare_run
+from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
+from cpmatrix.run.slurm import slurm_missing, slurm_plan, slurm_scheduling
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 
 __all__ = ["add_parsers", "run"]
@@ -42,6 +44,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 def run(args: argparse.Namespace) -> int:
     options = RunOptions.from_namespace(args)
+    if options.scheduler == "slurm" and not options.dry_run:
+        missing = slurm_missing()
+        if missing is not None:
+            raise UsageError(missing)
     out = Path(options.out).resolve()
     # Claim --out first: whatever happens next (a spec error included), the folder can no
     # longer hold the previous run's report for a gate to read as this run's.
@@ -53,6 +59,17 @@ def run(args: argparse.Namespace) -> int:
         if not cells:
             print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
             return ExitCode.NOTHING_SELECTED
+        if options.shard is not None:
+            cells, manifest = take_shard(cells, options.shard, recorded_durations(options, out))
+            print(f"shard {manifest.shard}/{manifest.of}: {len(manifest.cells)} of "
+                  f"{len(manifest.all_cells)} cells", flush=True)
+            if claim is not None:
+                manifest.write(out)
+                if not cells:  # more shards than cells: an empty report, not a failure
+                    write_empty_report(out, claim.run_id)
+                    return ExitCode.OK
+            elif not cells:
+                return ExitCode.OK
         if claim is None:
             return _dry_run(cells, {p.name: p for p in matrix.platforms}, options, out)
         prepared = prepare_run(options, matrix, cells, claim)
@@ -61,19 +78,28 @@ def run(args: argparse.Namespace) -> int:
                   f"{prepared.devices} GPU(s) visible (one rank per GPU); they are reported "
                   "as skipped", file=sys.stderr)
         print(f"runner: {prepared.runner.name} ({prepared.why_runner})", flush=True)
+        context, jobs, devices, wrap_job = prepared.context, options.jobs, prepared.devices, None
+        if options.scheduler == "slurm":
+            context, wrap_job = slurm_scheduling(options, prepared.context)
+            # Slurm places each job on a node with its own GPUs: the pool here only caps
+            # how many cuda worlds are in flight (--max-jobs of them at most).
+            jobs, devices = options.max_jobs, prepared.devices * options.max_jobs
+            print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
+                  f"--out {out} must be shared with the nodes)", flush=True)
         progress = Progress(force_plain=options.plain)
         with stop_on_signals() as stopper:
             try:
                 report = run_cells(
-                    prepared.cells, prepared.platforms, prepared.context,
-                    batch_size=options.batch_size, jobs=options.jobs,
-                    devices=prepared.devices, mutants=prepared.mutants,
+                    prepared.cells, prepared.platforms, context,
+                    batch_size=options.batch_size, jobs=jobs, wrap_job=wrap_job,
+                    recorded=recorded_durations(options, out) if options.durations else None,
+                    devices=devices, mutants=prepared.mutants,
                     keep_order=options.keep_order, cached=prepared.cached,
                     store=prepared.store, on_start=progress.start,
                     on_result=progress.update, stopper=stopper, skipped=prepared.skipped)
             finally:
                 progress.stop()
-            _write_html(out)
+            write_report_html(out)
             print(format_summary(report, os.path.relpath(out)))
             if prepared.mutants is not None:
                 print(report.mutant_line())
@@ -93,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES
 
 
-def _write_html(out: Path) -> None:
+def write_report_html(out: Path) -> None:
     """report.html beside report.xml; a rendering problem never fails the run."""
     from cpmatrix.report import ReportError
     from cpmatrix.report.html import write_html
@@ -113,7 +139,7 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
              out: Path) -> int:
     """Print the plan each executor makes (the busiest first); run nothing."""
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
-    durations = load_durations(out)
+    durations = recorded_durations(options, out)
     plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
                           durations=durations, batch_size=options.batch_size,
                           keep_order=options.keep_order, mutants=None))
@@ -125,6 +151,8 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
             print(ex.describe(b))
             for c in b.cells:
                 print(f"  {c.id}  timeout={c.timeout_s}s")
+    if options.scheduler == "slurm":
+        print(slurm_plan(plans, durations, options.max_jobs))
     if skipped:
         print(f"skipped (not run on this host, reported as skipped): {len(skipped)} cells")
         for c, why in skipped:

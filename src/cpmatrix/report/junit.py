@@ -21,7 +21,7 @@ from cpmatrix.fsutil import atomic_write_bytes
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.result import Result, Status, testcase_name
 
-__all__ = ["merge_junit", "results_to_junit",
+__all__ = ["merge_junit", "results_to_junit", "write_suites",
            "xml_safe"]
 
 _TEXT_LIMIT = 20_000
@@ -168,6 +168,12 @@ def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
                 if dest is None:
                     dest = suites[target] = TestSuite(target)
                 dest.add_testcase(case)
+    return write_suites(suites, out, run_id=run_id)
+
+
+def write_suites(suites: Mapping[str, TestSuite], out: str | os.PathLike[str],
+                 run_id: str = "") -> JUnitXml:
+    """One report of ``suites`` (target -> suite, sorted by target), stamped ``run_id``."""
     xml = JUnitXml("cpmatrix")
     for name in sorted(suites):
         suites[name].update_statistics()

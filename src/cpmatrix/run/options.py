@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpmatrix.errors import UsageError
+from cpmatrix.run.balance import parse_shard
 
 __all__ = ["RunOptions", "add_run_arguments"]
 
@@ -85,11 +86,42 @@ class RunOptions:
         "--dump-wait", "seconds between asking a hung world for its stacks and killing it",
         metavar="S", type=float))
 
+    shard: str | None = field(default=None, metadata=_flag(
+        "--shard", "run only the K-th of N time-balanced shards of the selection (CI job "
+        "matrices; merge the shards' --out folders with `cpmatrix merge`)", metavar="K/N"))
+    durations: str | None = field(default=None, metadata=_flag(
+        "--durations", "recorded durations to balance shards and Slurm jobs by: an earlier "
+        "run's durations.json, e.g. the last release's (default: the one in --out)",
+        metavar="FILE"))
+    scheduler: str = field(default="host", metadata=_flag(
+        "--scheduler", "where worlds run: host (this machine) or slurm (each world a "
+        "Slurm job started with srun; --out must be on a filesystem the nodes share) "
+        "(default: %(default)s)", choices=("host", "slurm")))
+    partition: str | None = field(default=None, metadata=_flag(
+        "--partition", "Slurm partition of the jobs (default: the cluster's)", metavar="P"))
+    account: str | None = field(default=None, metadata=_flag(
+        "--account", "Slurm account charged for the jobs", metavar="A"))
+    max_jobs: int = field(default=8, metadata=_flag(
+        "--max-jobs", "Slurm jobs in flight at once (default: %(default)s)", metavar="N",
+        type=int))
+    slurm_args: tuple[str, ...] = field(default=(), metadata=_flag(
+        "--slurm-arg", "one more argument for srun, e.g. --slurm-arg=--time=30 "
+        "(repeatable)", metavar="ARG", action="append", dest_default=()))
+    pending_timeout_s: float = field(default=600.0, metadata=_flag(
+        "--pending-timeout", "seconds a Slurm job may wait PENDING before its cells fail "
+        "(default: %(default)s)", metavar="S", type=float))
+
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.jobs < 1:
             raise UsageError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.max_jobs < 1:
+            raise UsageError(f"--max-jobs must be >= 1, got {self.max_jobs}")
+        if self.shard is not None:
+            parse_shard(self.shard)
+        if self.scheduler != "slurm" and (self.partition or self.account or self.slurm_args):
+            raise UsageError("--partition, --account and --slurm-arg need --scheduler slurm")
         if self.gpus is not None and self.gpus < 0:
             raise UsageError(f"--gpus must be >= 0, got {self.gpus}")
         for f in dataclasses.fields(self):
@@ -101,8 +133,12 @@ class RunOptions:
     def from_namespace(cls, ns: argparse.Namespace) -> RunOptions:
         """The options parsed by :func:`add_run_arguments` (absent ones keep defaults)."""
         given = vars(ns)
-        return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)
-                      if f.name in given})
+        values = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
+        if values.get("slurm_args") is not None:  # argparse's append gives a list
+            values["slurm_args"] = tuple(values["slurm_args"])
+        else:
+            values.pop("slurm_args", None)
+        return cls(**values)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *,
@@ -112,5 +148,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
         if f.name in exclude:
             continue
         meta = f.metadata
-        parser.add_argument(meta["flag"], dest=f.name, default=f.default, help=meta["help"],
-                            **meta["argparse"])
+        kwargs = dict(meta["argparse"])
+        # An append flag starts from None: a tuple default would be appended to in place.
+        default = None if kwargs.pop("dest_default", None) is not None else f.default
+        parser.add_argument(meta["flag"], dest=f.name, default=default, help=meta["help"],
+                            **kwargs)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from cpmatrix.matrix.schema import Cell
 
-__all__ = ["Batch", "DevicePool", "fit_to_devices", "plan_batches"]
+__all__ = ["Batch", "DevicePool", "expected_s", "fit_to_devices", "plan_batches",
+           "world_weights"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,27 @@ def plan_batches(
                 )
             )
     return batches
+
+
+def expected_s(cell: Cell, durations: Mapping[str, float]) -> float:
+    """A cell's expected seconds: its recorded duration, else a sixtieth of its timeout
+    (a long timeout usually means a long cell; the same guess orders the batches)."""
+    known = durations.get(cell.id)
+    return known if known is not None else float(cell.timeout_s) / 60.0
+
+
+def world_weights(batches: Iterable[tuple[str, Sequence[Cell]]],
+                  durations: Mapping[str, float]) -> dict[str, float]:
+    """Batch name -> its expected seconds (the sum of its cells'), for the balancer.
+
+    >>> from cpmatrix.matrix.schema import Cell, Mesh
+    >>> c = Cell(id="a", target="t", case="m:f", kind="parity", level="unit",
+    ...     mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False, path="reference",
+    ...     params=(), platform="cpu", timeout_s=60, tags=())
+    >>> world_weights([("w0", [c, c])], {"a": 2.5})
+    {'w0': 5.0}
+    """
+    return {name: sum(expected_s(c, durations) for c in cells) for name, cells in batches}
 
 
 def fit_to_devices(

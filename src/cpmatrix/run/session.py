@@ -40,7 +40,7 @@ from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import EXECUTORS, Executor, Job, executor_for
-from cpmatrix.run.plan import DevicePool
+from cpmatrix.run.plan import DevicePool, world_weights
 from cpmatrix.run.policies import CrashRetry, interpret_mutant
 from cpmatrix.run.stopping import Stopper, StopRequested
 
@@ -125,8 +125,16 @@ def run_cells(
     on_start: Callable[[int], None] | None = None,
     stopper: Stopper | None = None,
     skipped: Sequence[tuple[Cell, str]] = (),
+    wrap_job: Callable[[Job], Job] | None = None,
+    recorded: Mapping[str, float] | None = None,
 ) -> RunReport:
     """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
+
+    ``wrap_job`` makes each job another scheduler's (:class:`cpmatrix.run.slurm.SlurmJob`);
+    its jobs then start longest-expected first, so each of the ``jobs`` slots takes the
+    longest world left when it frees: greedy longest-first onto the least-loaded job.
+
+    ``recorded`` adds durations to plan by (``--durations``) to those of ``out``.
 
     ``skipped`` holds cells that are not run here, each with the reason (a cuda cell
     wider than the GPUs visible, see :func:`cpmatrix.run.plan.fit_to_devices`): no job is
@@ -143,8 +151,9 @@ def run_cells(
     for stale in ("worlds", "cells", "spill"):
         shutil.rmtree(out / stale, ignore_errors=True)
     session = _Session(context, platforms, jobs=jobs, devices=devices, store=store,
-                       on_result=on_result)
-    durations = load_durations(out)
+                       on_result=on_result, wrap_job=wrap_job)
+    # --durations (an earlier release's) first; this folder's own records win over it.
+    durations = {**(recorded or {}), **load_durations(out)}
     cached = cached or {}
     hits = [c for c in cells if c.id in cached and not mutants]
     todo = [c for c in cells if not (c.id in cached and not mutants)]
@@ -157,6 +166,10 @@ def run_cells(
             session.planned.extend(entries)
             session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
             session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
+    if wrap_job is not None:
+        weights = world_weights([(i.batch, [e.cell for e in i.entries]) for i in session.queue],
+                                durations)
+        session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
     if on_start is not None:
         on_start(len(session.planned) + len(hits))
     for c in hits:
@@ -218,8 +231,10 @@ class _Session:
 
     def __init__(self, context: RunContext, platforms: Mapping[str, Platform], *,
                  jobs: int, devices: int, store: Callable[[Cell, Result], None] | None,
-                 on_result: Callable[[Entry, Result], None] | None) -> None:
+                 on_result: Callable[[Entry, Result], None] | None,
+                 wrap_job: Callable[[Job], Job] | None = None) -> None:
         self.context = context
+        self.wrap_job = wrap_job
         self.platforms = platforms
         self.jobs = max(1, jobs)
         self.devices = devices
@@ -303,6 +318,8 @@ class _Session:
         item.launches += 1
         name = f"{self.starts:03d}-{item.batch}.a{item.launches}"
         job = item.executor.job(name, item.entries, platform, self.context, devs)
+        if self.wrap_job is not None:
+            job = self.wrap_job(job)
         job.start()
         self.jobs_started[item.executor.name] = self.jobs_started.get(item.executor.name, 0) + 1
         self.active.append((item, job))

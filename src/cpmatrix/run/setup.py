@@ -107,9 +107,13 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     platforms = {p.name: p for p in matrix.platforms}
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
     if needs and devices == 0:
+        if options.scheduler == "slurm":
+            raise UsageError("the selection has cuda cells: with --scheduler slurm, give "
+                             "the GPUs of one node with --gpus N (the submit host's do "
+                             "not count)")
         raise UsageError("the selection has cuda cells but no CUDA device is visible "
                          "(use --dry-run to check the plan on a CPU machine)")
-    if needs and options.gpus is not None:
+    if needs and options.gpus is not None and options.scheduler != "slurm":
         seen = visible_cuda_devices()
         if seen < options.gpus:
             print(f"warning: --gpus {options.gpus}, but {seen} CUDA devices are visible "

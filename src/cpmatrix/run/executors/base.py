@@ -29,16 +29,25 @@ __all__ = ["Executor", "Job"]
 class Job(Protocol):
     """One launch of a batch: started once, polled until ``finished``."""
 
-    name: str
-    entries: list[Entry]
-    #: cuda devices held by this job (given back to the pool when it finishes).
-    devices: tuple[int, ...]
-    finished: bool
-    #: Entries handed back to run in a fresh job (after a fault, or a recycle).
-    remaining: list[Entry]
-    #: True when the job never started a cell; the session may retry it.
-    start_failed: bool
-    start_error: str
+    # Read-only to the session (properties, so a wrapper such as a Slurm job can
+    # delegate them); a job sets its own as plain attributes.
+    @property
+    def name(self) -> str: ...
+    @property
+    def entries(self) -> list[Entry]: ...
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """cuda devices held by this job (given back to the pool when it finishes)."""
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def remaining(self) -> list[Entry]:
+        """Entries handed back to run in a fresh job (after a fault, or a recycle)."""
+    @property
+    def start_failed(self) -> bool:
+        """True when the job never started a cell; the session may retry it."""
+    @property
+    def start_error(self) -> str: ...
 
     def start(self) -> None:
         """Launch; an OS error fails the job's cells, never the run."""

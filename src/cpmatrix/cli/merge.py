@@ -1,0 +1,62 @@
+"""``cpmatrix merge``: the reports of a run's shards as one report, ready for the gate.
+
+Exit 0 when every merged cell passed, 1 when some did not (a cell no shard reported
+counts as not passed), 2 for folders that cannot be merged (missing, another selection).
+
+Example::
+
+    $ cpmatrix merge shards/1 shards/2 shards/3 --out merged
+    $ cpmatrix gate --policy release --report merged/report.xml --baseline last/report.xml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cpmatrix.errors import ExitCode
+
+__all__ = ["add_parsers", "run"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    m = sub.add_parser("merge", help="merge the --out folders of sharded runs into one report")
+    m.add_argument("folders", nargs="+", type=Path, metavar="DIR",
+                   help="a shard's --out folder (each holds report.xml, results.json)")
+    m.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="where the merged report.xml, results.json and report.html go")
+    m.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cpmatrix.cli.run import write_report_html
+    from cpmatrix.report.merge import merge_shards
+    from cpmatrix.run.outdir import claim_out
+
+    out: Path = args.out.resolve()
+    if out in {f.resolve() for f in args.folders}:
+        print("error: --out must be a new folder, not one of the shards", file=sys.stderr)
+        return ExitCode.USAGE
+    claim = claim_out(out)
+    try:
+        summary = merge_shards(list(args.folders), out)
+        write_report_html(out)
+    finally:
+        claim.release()
+    for warning in summary.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if summary.duplicates:
+        print(f"warning: {len(summary.duplicates)} cells were reported by more than one "
+              "folder; the first folder's result was kept: "
+              + ", ".join(summary.duplicates[:10]), file=sys.stderr)
+    if summary.missing:
+        print(f"error: {len(summary.missing)} cells were reported by no folder; they are "
+              "in the report as interrupted:\n  " + "\n  ".join(summary.missing[:50]),
+              file=sys.stderr)
+    rows = json.loads((out / "results.json").read_text())
+    bad = sum(1 for r in rows if r["status"] not in ("passed", "cached"))
+    print(f"merged {summary.cells} cells from {len(args.folders)} folders into {out} "
+          f"({bad} not passed, {len(summary.missing)} missing)")
+    return ExitCode.OK if bad == 0 else ExitCode.FAILURES

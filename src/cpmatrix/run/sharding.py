@@ -1,0 +1,66 @@
+"""``cpmatrix run --shard K/N``: this job's part of the selection, and its manifest.
+
+Example::
+
+    >>> from cpmatrix.matrix.schema import Cell, Mesh
+    >>> def c(i): return Cell(id=f"t{i}", target="t", case="m:f", kind="parity",
+    ...     level="unit", mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False,
+    ...     path="reference", params=(), platform="cpu", timeout_s=60, tags=())
+    >>> mine, manifest = take_shard([c(1), c(2), c(3)], "2/2", {"t1": 9.0})
+    >>> [x.id for x in mine], manifest.partition
+    (['t2'], (('t1', 't3'), ('t2',)))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from cpmatrix.errors import UsageError
+from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.report.junit import merge_junit
+from cpmatrix.report.merge import ShardManifest, selection_digest
+from cpmatrix.run.balance import parse_shard, shard_cells
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.session import load_durations
+
+__all__ = ["recorded_durations", "take_shard", "write_empty_report"]
+
+
+def recorded_durations(options: RunOptions, out: Path) -> dict[str, float]:
+    """``--durations FILE`` if given (a missing or unreadable one is a usage error: the
+    shards would silently stop being balanced), else ``--out``'s own durations.json."""
+    if options.durations is None:
+        return load_durations(out)
+    path = Path(options.durations)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {str(k): float(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise UsageError(f"--durations {path}: not a durations.json ({exc})") from None
+
+
+def take_shard(cells: Sequence[Cell], spec: str, durations: Mapping[str, float]
+               ) -> tuple[list[Cell], ShardManifest]:
+    """The cells of shard ``spec`` ("K/N"), in selection order, and the shard's manifest.
+
+    Every shard job computes the same partition from the same selection and durations
+    (:func:`cpmatrix.run.balance.shard_cells`), so the N jobs need not coordinate.
+    """
+    k, n = parse_shard(spec)
+    ids = [c.id for c in cells]
+    partition = shard_cells(ids, durations, n)
+    mine = set(partition[k - 1])
+    taken = [c for c in cells if c.id in mine]
+    return taken, ShardManifest(shard=k, of=n, selection=selection_digest(ids),
+                                partition=partition)
+
+
+def write_empty_report(out: Path, run_id: str) -> None:
+    """A shard with no cells still leaves a (empty) report for the merge to read."""
+    for stale in ("report.xml", "results.json"):
+        (out / stale).unlink(missing_ok=True)
+    merge_junit([], out / "report.xml", run_id=run_id)
+    atomic_write_json(out / "results.json", [])

@@ -1,0 +1,380 @@
+"""The Slurm scheduler: each world a Slurm job, started with ``srun`` as one gang.
+
+Two pieces wrap what runs on this host, so the executors and the session loop are the
+same for both schedulers:
+
+- :class:`SlurmRunner` wraps the run's runner (local, sandbox, docker): the command it
+  would run becomes the one task of a one-node ``srun`` job (``--nodes=1 --ntasks=1``,
+  ``--gres=gpu:N`` for a cuda world), so torchrun and its ranks start inside the
+  allocation exactly as they do here, with the same environment allow-list. Its pids are
+  another node's, so they are never signalled (``shares_pid_namespace = False``): faults
+  are read from the typed start/done files on the shared ``--out`` and torchrun's log.
+- :class:`SlurmJob` wraps one executor job and adds what only Slurm knows: a job still
+  PENDING past ``pending_timeout_s`` fails its cells with a clear message (the world's
+  start-up clock only runs once Slurm runs it); a job Slurm ended (``scancel``, time
+  limit, node failure, preemption) fails its in-flight cell naming the Slurm state, and
+  the executor hands the rest back to run in a fresh job; killing the job ``scancel``\\ s it.
+
+Example::
+
+    >>> from cpmatrix.run.runners.local import LocalRunner
+    >>> from cpmatrix.run.runners.base import Launch
+    >>> r = SlurmRunner(LocalRunner(), SlurmSettings(partition="gpu", extra_args=("--time=30",)))
+    >>> r.command(Launch(argv=("torchrun", "x"), env={}, cwd="/", name="w1"))[0]
+    ['srun', '--job-name=w1', '--nodes=1', '--ntasks=1', '--kill-on-bad-exit=1', \
+'--export=ALL', '--partition=gpu', '--time=30', 'torchrun', 'x']
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Final
+
+from cpmatrix.remote.procs import WORLD_TOKEN
+from cpmatrix.result import FailureKind, Result, Status
+from cpmatrix.run.balance import balance
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.base import Executor, Job
+from cpmatrix.run.executors.world import WorldRun
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.plan import Batch, world_weights
+from cpmatrix.run.runners.base import Launch, Runner
+
+__all__ = ["ENDED_BY_SLURM", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
+           "parse_states", "query_states", "slurm_missing", "slurm_plan", "slurm_scheduling"]
+
+#: Job states in which Slurm, not the world, ended the job.
+ENDED_BY_SLURM: Final = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                                   "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
+#: States that are not final yet; how long a crashed world's job may take to settle.
+UNSETTLED: Final = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT",
+                              "SIGNALING"})
+SETTLE_S: Final = 15.0
+#: What srun needs from the caller's environment to reach the cluster (not the world's).
+SRUN_ENV: Final = ("SLURM_CONF",)
+#: How often Slurm is asked about the run's jobs (one squeue for all of them).
+QUERY_EVERY_S: Final = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSettings:
+    """Where and how the jobs are submitted (``--partition``, ``--account``, ...)."""
+
+    partition: str | None = None
+    account: str | None = None
+    extra_args: tuple[str, ...] = ()
+    pending_timeout_s: float = 600.0
+
+
+def slurm_missing() -> str | None:
+    """None when srun, squeue and scancel are on PATH; else which are not."""
+    missing = [t for t in ("srun", "squeue", "scancel") if shutil.which(t) is None]
+    if missing:
+        return (f"--scheduler slurm needs {', '.join(missing)} on PATH (a Slurm client: "
+                "run on a login node, or see docs/scale.md)")
+    return None
+
+
+def job_name(launch: Launch) -> str:
+    """``cpmatrix-<run id>-<world>``: unique across runs and submit hosts (the run id is
+    random), so squeue and scancel by name touch this run's job only.
+
+    >>> job_name(Launch(argv=(), env={WORLD_TOKEN: "ab12/003-cpu-w2-b0.a1"}, cwd="/"))
+    'cpmatrix-ab12-003-cpu-w2-b0.a1'
+    """
+    token = launch.env.get(WORLD_TOKEN, "")
+    raw = f"cpmatrix-{token}" if token else launch.name
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in raw)
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """One row of squeue."""
+
+    job_id: str
+    state: str
+    reason: str
+
+
+class SlurmRunner:
+    """The inner runner's command as the single task of a one-node ``srun`` job."""
+
+    shares_pid_namespace = False
+
+    def __init__(self, inner: Runner, settings: SlurmSettings) -> None:
+        self.inner = inner
+        self.settings = settings
+        self.name = inner.name  # the runner that isolates the world, as reported
+        #: Job names submitted by this run, in order; cancelled ones (by cpmatrix);
+        #: the ones whose state is still of interest (asked about together).
+        self.submitted: list[str] = []
+        self.watching: set[str] = set()
+        self.cancelled: set[str] = set()
+        self._states: dict[str, JobState] = {}
+        self._asked_at = 0.0
+
+    def unavailable(self) -> str | None:
+        return slurm_missing() or self.inner.unavailable()
+
+    def identity(self) -> dict[str, str]:
+        # Where a world runs does not change what it computes: cached passes are shared
+        # between the schedulers (and between the jobs of one run, see docs/scale.md).
+        return self.inner.identity()
+
+    def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:
+        cmd, env = self.inner.command(launch)
+        s = self.settings
+        name = job_name(launch)
+        # --export=ALL: the task gets exactly srun's environment, which is the world's
+        # hermetic one (a site default of SLURM_EXPORT_ENV=NONE would otherwise drop it).
+        argv = ["srun", f"--job-name={name}", "--nodes=1", "--ntasks=1",
+                "--kill-on-bad-exit=1", "--export=ALL"]
+        if launch.devices:
+            # Slurm picks the node's GPUs and sets CUDA_VISIBLE_DEVICES in the task; the
+            # submit host's device numbers mean nothing there.
+            argv.append(f"--gres=gpu:{len(launch.devices)}")
+            env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        if s.partition:
+            argv.append(f"--partition={s.partition}")
+        if s.account:
+            argv.append(f"--account={s.account}")
+        argv += [*s.extra_args, *cmd]
+        # srun itself must find the cluster's configuration where it is not the default.
+        env = {**env, **{k: os.environ[k] for k in SRUN_ENV if k in os.environ}}
+        self.submitted.append(name)
+        return argv, env
+
+    def cleanup(self, launch: Launch) -> None:
+        """The world was killed by cpmatrix: cancel its job (killing srun does not)."""
+        self.cancel(job_name(launch))
+        self.inner.cleanup(launch)
+
+    def cancel(self, name: str) -> None:
+        """scancel the job; remember that cpmatrix ended it, unless Slurm already had (a
+        world torn down because Slurm killed its ranks is still Slurm's doing)."""
+        st = self.state(name, fresh=True)
+        if st is None or st.state not in ENDED_BY_SLURM:
+            self.cancelled.add(name)
+        try:
+            # By name and user: names carry the run id, so only this run's job matches
+            # (as root, a bare --name could reach another user's job).
+            subprocess.run(["scancel", f"--name={name}", f"--user={getpass.getuser()}"],
+                           capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"warning: scancel of Slurm job {name} failed: {exc}", file=sys.stderr)
+
+    def state(self, name: str, fresh: bool = False) -> JobState | None:
+        """The job's state: one squeue call at most every QUERY_EVERY_S for all the jobs
+        being watched (``fresh``: ask now)."""
+        now = time.monotonic()
+        if fresh or now - self._asked_at >= QUERY_EVERY_S:
+            self._asked_at = now
+            self._states = query_states(sorted(self.watching | {name}))
+        return self._states.get(name)
+
+
+def query_states(names: Sequence[str]) -> dict[str, JobState]:
+    """Job name -> state, from squeue (which keeps ended jobs for MinJobAge, 300 s by
+    default), and from sacct for a name squeue no longer knows (where the cluster keeps
+    accounting; without it, sacct fails and the name is simply unknown)."""
+    if not names:
+        return {}
+    states = _ask(["squeue", "--noheader", "--states=all", f"--name={','.join(names)}",
+                   "--format=%j|%i|%T|%r"])
+    gone = [n for n in names if n not in states]
+    if gone:
+        found = _ask(["sacct", "--noheader", "--allocations", "--parsable2",
+                      f"--name={','.join(gone)}", "--format=JobName,JobID,State,Reason"])
+        states.update({n: st for n, st in found.items() if n in gone})
+    return states
+
+
+def _ask(argv: list[str]) -> dict[str, JobState]:
+    """``name|id|state|reason`` rows -> states; nothing when the tool fails.
+
+    sacct writes a cancel as ``CANCELLED by 0``: the state is the first word.
+    """
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    return parse_states(proc.stdout)
+
+
+def parse_states(text: str) -> dict[str, JobState]:
+    """Rows of ``name|id|state|reason``; the last row of a name wins.
+
+    >>> parse_states("w1|42|CANCELLED by 0|None\\nnoise\\nw2|43|PENDING|BeginTime\\n")
+    {'w1': JobState(job_id='42', state='CANCELLED', reason='None'), \
+'w2': JobState(job_id='43', state='PENDING', reason='BeginTime')}
+    """
+    states: dict[str, JobState] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[2]:
+            states[parts[0]] = JobState(job_id=parts[1], state=parts[2].split()[0],
+                                        reason=parts[3])
+    return states
+
+
+class SlurmJob:
+    """One executor job run as a Slurm job: pending limit, Slurm's verdict, scancel."""
+
+    def __init__(self, inner: Job, runner: SlurmRunner) -> None:
+        self.inner = inner
+        self.runner = runner
+        self.slurm_name = ""
+        self.submitted_at = 0.0
+        self.running = False
+        self._pending_failed = False
+
+    # The Job protocol, delegated.
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def entries(self) -> list[Entry]:
+        return self.inner.entries
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.inner.devices
+
+    @property
+    def finished(self) -> bool:
+        return self._pending_failed or self.inner.finished
+
+    @property
+    def remaining(self) -> list[Entry]:
+        return [] if self._pending_failed else self.inner.remaining
+
+    @property
+    def start_failed(self) -> bool:
+        return not self._pending_failed and self.inner.start_failed
+
+    @property
+    def start_error(self) -> str:
+        return self.inner.start_error
+
+    def launcher_tail(self) -> str:
+        return self.inner.launcher_tail()
+
+    def start(self) -> None:
+        before = len(self.runner.submitted)
+        self.inner.start()
+        if len(self.runner.submitted) > before:
+            self.slurm_name = self.runner.submitted[before]
+            self.runner.watching.add(self.slurm_name)
+        self.submitted_at = time.monotonic()
+
+    def poll(self) -> list[tuple[Entry, Result]]:
+        if self.finished:
+            return []
+        if self.slurm_name and not self.running:
+            st = self.runner.state(self.slurm_name)
+            if st is not None and st.state == "PENDING":
+                waited = time.monotonic() - self.submitted_at
+                if waited > self.runner.settings.pending_timeout_s:
+                    return self._fail_pending(st, waited)
+                if isinstance(self.inner, WorldRun):
+                    # Queue time is not start-up time: the world's clock starts with the job.
+                    self.inner.started_at = time.monotonic()
+                return []
+            if st is not None:
+                # Running: the world's own files say the rest, until it ends (then one
+                # fresh question for Slurm's verdict).
+                self.running = True
+                self.runner.watching.discard(self.slurm_name)
+        results = self.inner.poll()
+        if self.inner.finished and self.slurm_name \
+                and self.slurm_name not in self.runner.cancelled:
+            results = self._name_slurm_verdict(results)
+        return results
+
+    def _fail_pending(self, st: JobState, waited: float) -> list[tuple[Entry, Result]]:
+        self.runner.cancel(self.slurm_name)
+        self.runner.watching.discard(self.slurm_name)
+        self.inner.kill()
+        self._pending_failed = True
+        # "could not start": infrastructure, so it is not retried alone (another wait).
+        msg = (f"could not start: Slurm job {st.job_id} ({self.slurm_name}) was still "
+               f"PENDING after "
+               f"{waited:.0f} s (reason: {st.reason}); cancelled, its cells were not run "
+               f"(--pending-timeout {self.runner.settings.pending_timeout_s:g})")
+        return [(e, Result(cell_id=e.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
+                           message=msg, mutant=e.mutant, attempts=e.attempt,
+                           out_dir=e.out_dir)) for e in self.inner.entries]
+
+    def _name_slurm_verdict(self, results: list[tuple[Entry, Result]]
+                            ) -> list[tuple[Entry, Result]]:
+        """A world that died because Slurm ended its job: say so on the in-flight cell."""
+        if not any(r.status is Status.CRASH for _, r in results):
+            return results
+        st = self.runner.state(self.slurm_name, fresh=True)
+        deadline = time.monotonic() + SETTLE_S
+        # Right after scancel a job may still read COMPLETING (or RUNNING): its final
+        # state, the one that says who ended it, follows within Slurm's KillWait.
+        while st is not None and st.state in UNSETTLED and time.monotonic() < deadline:
+            time.sleep(0.5)
+            st = self.runner.state(self.slurm_name, fresh=True)
+        if st is None or st.state not in ENDED_BY_SLURM:
+            return results
+        why = f"Slurm ended job {st.job_id} ({st.state}"
+        why += f", {st.reason})" if st.reason and st.reason != "None" else ")"
+        return [(e, _blame_slurm(r, why) if r.status is Status.CRASH else r)
+                for e, r in results]
+
+    def kill(self) -> None:
+        # scancel first: the job then ends CANCELLED (killing srun first would leave it
+        # to Slurm to notice), and its processes on the node get Slurm's SIGTERM/SIGKILL.
+        if self.slurm_name:
+            self.runner.cancel(self.slurm_name)
+        self.inner.kill()
+
+
+def _blame_slurm(result: Result, why: str) -> Result:
+    """The crash, with Slurm named as the cause on the result and each rank's failure
+    (the headline, which summaries and a retry's FLAKY message quote, reads the latter)."""
+    return replace(result, message=f"{why}: {result.message}", failures=tuple(
+        replace(f, message=f"{why}: {f.message}") for f in result.failures))
+
+
+def slurm_scheduling(options: RunOptions, context: RunContext
+                     ) -> tuple[RunContext, Callable[[Job], Job]]:
+    """The run's context with its runner inside srun, and the wrapper of its jobs."""
+    runner = SlurmRunner(context.runner, SlurmSettings(
+        partition=options.partition, account=options.account,
+        extra_args=tuple(options.slurm_args), pending_timeout_s=options.pending_timeout_s))
+    return replace(context, runner=runner), lambda job: SlurmJob(job, runner)
+
+
+def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]],
+               durations: Mapping[str, float], max_jobs: int) -> str:
+    """``--dry-run`` with Slurm: the worlds on ``max_jobs`` job slots, longest first, and
+    the expected makespan (recorded durations; a sixtieth of the timeout where unknown).
+
+    At run time each slot takes the longest world left as soon as it is free, which is
+    this plan when the durations are right (and adapts when they are not).
+    """
+    batches = [(b.name, b.cells) for _, bs in plans for b in bs]
+    weights = world_weights(batches, durations)
+    if not weights:
+        return "slurm: no jobs"
+    plan = balance(weights, min(max_jobs, len(weights)))
+    lines = [f"slurm: {len(weights)} jobs (one per world) on {len(plan.bins)} slots "
+             f"(--max-jobs {max_jobs}); expected makespan {plan.makespan:.1f} s "
+             f"(serial {sum(weights.values()):.1f} s)"]
+    for i, (names, load) in enumerate(zip(plan.bins, plan.loads, strict=True), 1):
+        lines.append(f"  slot {i}: {load:.1f} s: {', '.join(names)}")
+    return "\n".join(lines)
