@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from cli_runner import wait_for
-from cpmatrix.remote.watchdog import alive, start_time, watch_argv
+from cpmatrix.remote.watchdog import alive, boot_id, start_time, watch_argv
 
 
 def _pid_alive(pid: int) -> bool:
@@ -30,6 +30,15 @@ def test_a_process_is_known_by_its_pid_and_start_time() -> None:
 def test_the_exit_code_of_the_command_comes_back() -> None:
     argv = watch_argv(sys.executable, os.getpid(), [sys.executable, "-c", "raise SystemExit(7)"])
     assert subprocess.run(argv, check=False).returncode == 7
+
+
+def test_a_supervisor_on_another_machine_is_not_watched() -> None:
+    # a Slurm node: the submit host's pid means nothing here, so it must not end the command
+    argv = watch_argv(sys.executable, os.getpid(), [sys.executable, "-c", "pass"])
+    assert argv[5] == boot_id() and len(boot_id()) > 8
+    argv[3], argv[5] = "999999", "another-machine"  # a pid that does not run here
+    assert subprocess.run([*argv[:-1], "import time; time.sleep(1.2)"],
+                          check=False).returncode == 0
 
 
 def test_usage_errors_exit_2() -> None:

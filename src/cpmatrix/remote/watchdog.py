@@ -12,7 +12,7 @@ command. Standard library only.
 
 Example (in a container started by the docker runner)::
 
-    python3 -m cpmatrix.remote.watchdog 4242 918273 -- python3 -m torch.distributed.run ...
+    python3 -m cpmatrix.remote.watchdog 4242 918273 BOOT_ID -- python3 -m torch.distributed.run ...
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from cpmatrix.remote.procs import (
     set_child_subreaper,
 )
 
-__all__ = ["POLL_SECONDS", "alive", "start_time", "watch_argv"]
+__all__ = ["POLL_SECONDS", "alive", "boot_id", "start_time", "watch_argv"]
 
 #: How often the supervisor is checked: leftovers live at most this long after it died.
 POLL_SECONDS = 0.5
@@ -48,6 +48,15 @@ def start_time(pid: int) -> int | None:
         return int(fields[19])  # field 22 counts pid and comm, which the split dropped
     except (OSError, IndexError, ValueError):
         return None
+
+
+def boot_id() -> str:
+    """This kernel's boot id: the same in every container of one machine, unique per boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
 
 
 def alive(pid: int, started: int) -> bool:
@@ -69,15 +78,17 @@ def watch_argv(python: str, pid: int, argv: Sequence[str]) -> list[str]:
     started = start_time(pid)
     if started is None:
         raise ValueError(f"cannot watch process {pid}: it is not running")
-    return [python, "-m", "cpmatrix.remote.watchdog", str(pid), str(started), "--", *argv]
+    return [python, "-m", "cpmatrix.remote.watchdog", str(pid), str(started), boot_id(), "--",
+            *argv]
 
 
 def main(args: Sequence[str]) -> int:
-    if len(args) < 4 or args[2] != "--":
-        print("usage: python -m cpmatrix.remote.watchdog PID START_TIME -- COMMAND...",
+    if len(args) < 5 or args[3] != "--":
+        print("usage: python -m cpmatrix.remote.watchdog PID START_TIME BOOT_ID -- COMMAND...",
               file=sys.stderr)
         return 2
-    pid, started, argv = int(args[0]), int(args[1]), list(args[3:])
+    pid, started, argv = int(args[0]), int(args[1]), list(args[4:])
+    here = args[2] == boot_id()  # else the supervisor runs on another machine
     set_child_subreaper()  # what a case abandons stays below us, where the sweep finds it
     child = subprocess.Popen(argv)
     for sig in _FORWARDED:
@@ -86,7 +97,7 @@ def main(args: Sequence[str]) -> int:
         code = child.poll()
         if code is not None:
             return code if code >= 0 else 128 - code
-        if not alive(pid, started):
+        if here and not alive(pid, started):
             print(f"cpmatrix.remote.watchdog: supervisor {pid} is gone; killing the world",
                   file=sys.stderr, flush=True)
             token = os.environ.get(WORLD_TOKEN)
