@@ -25,7 +25,10 @@ from typing import Any
 
 from cpmatrix.errors import UsageError
 
-__all__ = ["RunOptions", "add_run_arguments"]
+__all__ = ["LAUNCHERS", "RunOptions", "add_run_arguments"]
+
+#: How a world's ranks are started (see docs/worlds.md for the measured choice).
+LAUNCHERS = ("fork", "torchrun")
 
 
 def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
@@ -47,6 +50,10 @@ class RunOptions:
     runner: str = field(default="local", metadata=_flag(
         "--runner", "how worlds are isolated: local, sandbox, docker, or auto "
         "(docker > sandbox > local; default: %(default)s)"))
+    launcher: str = field(default="fork", metadata=_flag(
+        "--launcher", "how a local world's ranks start: fork (one parent imports torch "
+        "once, then forks the ranks) or torchrun (default: %(default)s)",
+        choices=LAUNCHERS))
     mutants: bool = field(default=False, metadata=_flag(
         "--mutants", "also run each cell once per declared mutant; a surviving mutant fails",
         action="store_true"))
@@ -90,6 +97,9 @@ class RunOptions:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.jobs < 1:
             raise UsageError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.launcher not in LAUNCHERS:
+            raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
+                             f"got {self.launcher!r}")
         if self.gpus is not None and self.gpus < 0:
             raise UsageError(f"--gpus must be >= 0, got {self.gpus}")
         for f in dataclasses.fields(self):

@@ -40,7 +40,13 @@ from cpmatrix.run.executors.attribution import (
     result_from_outcomes,
     torchrun_root_cause,
 )
-from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress, free_port
+from cpmatrix.run.executors.launch import (
+    WORLD_TOKEN,
+    Child,
+    Progress,
+    free_port,
+    launcher_argv,
+)
 from cpmatrix.run.plan import Batch, plan_batches
 from cpmatrix.run.runners.base import Launch, hermetic_env
 
@@ -142,12 +148,8 @@ class WorldRun:
             if self.devices:
                 extra["CUDA_VISIBLE_DEVICES"] = _physical_devices(self.devices, ctx.source_env)
             env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
-            argv = (
-                ctx.python, "-m", "torch.distributed.run", "--nnodes=1",
-                f"--nproc-per-node={self.world_size}", "--master-addr=127.0.0.1",
-                f"--master-port={free_port()}", "--max-restarts=0", "--monitor-interval=0.1",
-                "-m", "cpmatrix.remote.world_main", str(world_file),
-            )
+            argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
+                                 str(world_file))
             launch = Launch(
                 argv=argv, env=env, cwd=str(self.dir), writable=(str(ctx.out_root),),
                 readonly=tuple(dict.fromkeys((*ctx.readonly, *ctx.pythonpath))),
