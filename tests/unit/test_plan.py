@@ -15,12 +15,25 @@ def cell(name: str, mesh: str, timeout: int = 60, platform: str = "cpu") -> Cell
                 timeout_s=timeout, tags=())
 
 
-def test_groups_by_platform_and_world_size_biggest_worlds_first() -> None:
+def test_one_world_per_platform_sized_for_its_largest_cell_cells_largest_first() -> None:
     cells = [cell("a", "1x1"), cell("b", "2x2"), cell("c", "1x4"), cell("d", "3x3"),
              cell("e", "2x2", platform="cuda")]
     batches = plan_batches(cells)
     assert [(b.platform, b.world_size, [c.target for c in b.cells]) for b in batches] == [
-        ("cpu", 9, ["d"]), ("cpu", 4, ["b", "c"]), ("cuda", 4, ["e"]), ("cpu", 1, ["a"])]
+        ("cpu", 9, ["d", "b", "c", "a"]), ("cuda", 4, ["e"])]
+
+
+def test_a_batch_is_sized_for_its_own_largest_cell() -> None:
+    cells = [cell("a", "1x1"), cell("b", "2x2"), cell("d", "3x3")]
+    batches = plan_batches(cells, batch_size=2)
+    assert [(b.world_size, [c.target for c in b.cells]) for b in batches] == [
+        (9, ["d", "b"]), (1, ["a"])]
+
+
+def test_keep_order_keeps_matrix_order_within_a_size() -> None:
+    cells = [cell("x", "1x1"), cell("y", "2x2"), cell("z", "1x1", timeout=900)]
+    (batch,) = plan_batches(cells, keep_order=True)
+    assert [c.target for c in batch.cells] == ["y", "x", "z"]
 
 
 @pytest.mark.parametrize(

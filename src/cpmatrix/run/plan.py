@@ -1,8 +1,11 @@
 """Planning: cells -> batches of worlds. Pure; no processes, no torch.
 
-Cells are grouped by (platform, world size). Each group is ordered longest-first by
-the durations recorded in earlier runs (else by timeout), then cut into batches of
-``batch_size`` cells (default: one batch per group, i.e. one torchrun world).
+Cells are grouped by platform: one world per platform, with the ranks of its largest
+cell; a smaller cell runs on the first ranks in a process group of its own size (see
+:mod:`cpmatrix.remote.subworld`). Within a world, cells are ordered by size, largest
+first (a world switches its group once per size), then longest-first by the durations
+recorded in earlier runs (else by timeout), then cut into batches of ``batch_size``
+cells (default: one batch per platform, i.e. one world).
 
 Example::
 
@@ -10,8 +13,9 @@ Example::
     >>> def c(i, mesh): return Cell(id=f"t{i}", target="t", case="m:f", kind="parity",
     ...     level="unit", mesh=Mesh.parse(mesh), dtype="fp64", autocast=False,
     ...     path="reference", params=(), platform="cpu", timeout_s=60, tags=())
-    >>> [len(b.cells) for b in plan_batches([c(1, "2x2"), c(2, "1x1"), c(3, "2x2")])]
-    [2, 1]
+    >>> [(b.world_size, [x.id for x in b.cells])
+    ...  for b in plan_batches([c(1, "1x1"), c(2, "2x2"), c(3, "2x2")])]
+    [(4, ['t2', 't3', 't1'])]
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ __all__ = ["Batch", "DevicePool", "fit_to_devices", "plan_batches"]
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Cells that share one torchrun world (same platform and world size)."""
+    """Cells that share one world (same platform); ``world_size``: its largest cell's."""
 
     name: str
     platform: str
@@ -47,17 +51,17 @@ def plan_batches(
     mutants: Mapping[str, Sequence[str]] | None = None,
     keep_order: bool = False,
 ) -> list[Batch]:
-    """Group, order longest-first and cut into batches; biggest worlds come first.
+    """Group by platform, order largest-then-longest first and cut into batches.
 
     ``mutants`` maps a cell id to the mutants to run it with: each becomes its own
     entry in the batch (the cell run once per mutant, with that mutant switched on).
     """
     durations = durations or {}
-    groups: dict[tuple[str, int], list[tuple[Cell, str]]] = {}
+    groups: dict[str, list[tuple[Cell, str]]] = {}
     for cell in cells:
         entries = [(cell, m) for m in (mutants or {}).get(cell.id, ())] if mutants else [(cell, "")]
         for entry in entries:
-            groups.setdefault((cell.platform, cell.world_size), []).append(entry)
+            groups.setdefault(cell.platform, []).append(entry)
 
     def expected(entry: tuple[Cell, str]) -> float:
         cell = entry[0]
@@ -66,14 +70,17 @@ def plan_batches(
         return known if known is not None else float(cell.timeout_s) / 60.0
 
     batches: list[Batch] = []
-    # Larger worlds first: they are the slowest to start and the most likely to fail.
-    ordered = sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))
-    for (platform, world_size), entries in ordered:
-        if not keep_order:  # keep_order: matrix order, to bisect state leaking between cells
-            entries.sort(key=lambda e: (-expected(e), e[0].id, e[1]))
+    for platform in sorted(groups):
+        entries = groups[platform]
+        if keep_order:  # matrix order, to bisect state leaking between cells
+            # ... by size all the same: a world switches its group once per size.
+            entries.sort(key=lambda e: -e[0].world_size)
+        else:
+            entries.sort(key=lambda e: (-e[0].world_size, -expected(e), e[0].id, e[1]))
         size = batch_size if batch_size and batch_size > 0 else len(entries)
         for start in range(0, len(entries), size):
             chunk = entries[start : start + size]
+            world_size = max(c.world_size for c, _ in chunk)
             batches.append(
                 Batch(
                     name=f"{platform}-w{world_size}-b{start // size}",
@@ -83,6 +90,8 @@ def plan_batches(
                     mutants=tuple(m for _, m in chunk) if mutants else (),
                 )
             )
+    # Larger worlds first: they are the slowest to start and the most likely to fail.
+    batches.sort(key=lambda b: -b.world_size)
     return batches
 
 

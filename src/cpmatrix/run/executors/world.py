@@ -98,7 +98,9 @@ class WorldRun:
         self.platform = platform
         self.context = context
         self.devices = devices
-        self.world_size = entries[0].cell.world_size
+        #: Ranks launched: the largest cell's. A smaller cell runs on ranks 0..k-1 in a
+        #: process group of its own size (:mod:`cpmatrix.remote.subworld`).
+        self.world_size = max(e.cell.world_size for e in entries)
         self.dir = context.out_root / "worlds" / name
         self.progress = Progress(self.dir / "progress", context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
@@ -225,20 +227,24 @@ class WorldRun:
             self._check_timeouts(now)
         return self.results[before:]
 
+    def _ranks(self, i: int) -> range:
+        """The ranks cell ``i`` runs on (the others sit it out)."""
+        return range(self.entries[i].cell.world_size)
+
     def _outcomes(self, i: int) -> dict[int, Outcome | None]:
-        return {r: self.progress.dones.get((i, r)) for r in range(self.world_size)}
+        return {r: self.progress.dones.get((i, r)) for r in self._ranks(i)}
 
     def _collect_complete(self) -> None:
         for i, entry in enumerate(self.entries):
             if i in self._reported:
                 continue
             outs = [o for o in self._outcomes(i).values() if o is not None]
-            if len(outs) == self.world_size:
+            if len(outs) == len(self._ranks(i)):
                 self._report(i, result_from_outcomes(entry, outs, tails=self._tails(i)))
 
     def _tails(self, i: int) -> dict[int, str]:
         tails = {}
-        for r in range(self.world_size):
+        for r in self._ranks(i):
             start = self.progress.starts.get((i, r))
             done = self.progress.dones.get((i, r))
             tails[r] = tail_lines(self.dir / f"rank{r}.log", start.log_offset if start else 0,
@@ -358,6 +364,11 @@ class WorldRun:
         entry = self.entries[i]
         outs = self._outcomes(i)
         root = torchrun_root_cause(_read_text(self.dir / "torchrun.log"))
+        if self._idle_rank_died(i, root):
+            # A rank that sits this cell out died first: not the cell's fault. The cell
+            # and the rest run in a fresh world (attempt unchanged: nothing failed).
+            self._hand_back()
+            return
         # A rank that wrote an outcome for the cell was alive after it: not the culprit.
         silent = [r for r, o in outs.items() if o is None]
         how: dict[int, str] = {}
@@ -391,6 +402,17 @@ class WorldRun:
         self._report(i, result)
         self._hand_back()
 
+    def _idle_rank_died(self, i: int, root: tuple[int, str] | None) -> bool:
+        """The first rank seen dead (torchrun's root cause, else by pid) is not one of
+        cell ``i``'s ranks."""
+        if root is not None:
+            return root[0] not in self._ranks(i)
+        if not self._dead:
+            return False
+        first = min(t for t, _ in self._dead.values())
+        dead = [r for r, (t, _) in self._dead.items() if t - first < 0.05]
+        return all(r not in self._ranks(i) for r in dead)
+
     def kill(self) -> None:
         """Stop the world now (the run was interrupted)."""
         self.child.kill(list(self._host_pids().values()))
@@ -414,7 +436,7 @@ def _physical_devices(pool: tuple[int, ...], env: Mapping[str, str]) -> str:
 
 
 class WorldExecutor:
-    """Parity and property cells in torchrun worlds, one world per (platform, size)."""
+    """Parity and property cells in worlds of ranks, one world per platform."""
 
     name = "world"
     noun = "a world"
@@ -429,8 +451,8 @@ class WorldExecutor:
                             mutants=mutants, keep_order=keep_order)
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
-        # One device per rank with nccl; CPU ranks need none.
-        return entries[0].cell.world_size if platform.device == "cuda" else 0
+        # One device per rank with nccl (the world has its largest cell's ranks).
+        return max(e.cell.world_size for e in entries) if platform.device == "cuda" else 0
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
             context: RunContext, devices: tuple[int, ...]) -> WorldRun:
