@@ -27,11 +27,12 @@ def cid(target: str, mesh: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["fork", "torchrun"])
 def test_cells_of_every_size_run_in_one_world_each_in_a_group_of_its_size(
-        tmp_path: Path) -> None:
+        launcher: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli("run", "--matrix", str(RES / "shared_world.yaml"), "-k", "sizes",
-                   "--out", str(out), "--plain", "--no-cache")
+                   "--launcher", launcher, "--out", str(out), "--plain", "--no-cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(1 planned worlds, 1 world starts)" in proc.stdout
     assert len(worlds(out)) == 1
@@ -59,10 +60,12 @@ def test_a_crash_in_a_small_cell_blames_only_its_rank_and_cell(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_an_idle_ranks_death_fails_no_cell(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["fork", "torchrun"])
+def test_an_idle_ranks_death_fails_no_cell(launcher: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli("run", "--matrix", str(RES / "shared_world.yaml"), "-k",
-                   "sizes or kill_idle", "--out", str(out), "--plain", "--no-cache")
+                   "sizes or kill_idle", "--launcher", launcher, "--out", str(out), "--plain",
+                   "--no-cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by_id = results(out)
     killer = by_id[cid("kill_idle", "1x1")]
