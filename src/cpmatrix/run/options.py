@@ -43,7 +43,7 @@ class RunOptions:
         "--out", "output folder, claimed by one run at a time (default: %(default)s)",
         metavar="DIR"))
     batch_size: int | None = field(default=None, metadata=_flag(
-        "--batch-size", "cells per world (default: one world per platform x world size)",
+        "--batch-size", "cells per world (default: one world per platform)",
         metavar="N", type=int))
     jobs: int = field(default=1, metadata=_flag(
         "--jobs", "worlds (jobs) run at once", metavar="N", type=int))
@@ -63,7 +63,8 @@ class RunOptions:
         "--gpus", "cuda devices in the pool (default: all visible); cuda cells with more "
         "ranks are skipped", metavar="N", type=int))
     keep_order: bool = field(default=False, metadata=_flag(
-        "--keep-order", "run cells in matrix order instead of longest-first",
+        "--keep-order",
+        "run cells in matrix order (within each size) instead of longest-first",
         action="store_true"))
     python: str = field(default=sys.executable, metadata=_flag(
         "--python", "interpreter that launches the worlds (default: this one)",
