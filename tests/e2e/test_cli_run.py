@@ -73,8 +73,8 @@ def test_cuda_without_device_exits_2_but_dry_run_plans(tmp_path: Path) -> None:
     proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--platform", "cuda", "--dry-run",
                "--out", str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "plan: 4 cells in 3 worlds" in proc.stdout
-    assert "world cuda-w4-b0: 4 ranks, 1 cells" in proc.stdout
+    assert "plan: 4 cells in 1 worlds" in proc.stdout  # one world per platform
+    assert "world cuda-w4-b0: 4 ranks, 4 cells" in proc.stdout
 
 
 CUDA_IDS = {
@@ -166,18 +166,20 @@ def test_bad_run_options_exit_2(bad: list[str], tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_jobs_run_worlds_concurrently_with_the_same_results(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    # --batch-size 2: two worlds (the 2x2 + a 1x2 cell: 4 ranks; a 1x2 + the 1x1: 2 ranks);
+    # without it the platform's cells share one world.
     proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--out", str(out), "--jobs", "3",
-               "--plain", "--no-cache")
+               "--batch-size", "2", "--plain", "--no-cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((out / "results.json").read_text())
     assert sorted(r["status"] for r in results) == ["passed"] * 4
-    # All three worlds (1, 2 and 4 ranks) were launched before any of them finished.
+    # Both worlds (4 and 2 ranks) were launched before either of them finished.
     launched, finished = [], []
     for world in (out / "worlds").glob("*.a*"):
         launched.append((world / "command.json").stat().st_mtime)
         finished.append(max(json.loads(p.read_text())["end_time"]
                             for p in (world / "progress").glob("*.done")))
-    assert len(launched) == 3
+    assert len(launched) == 2
     assert max(launched) < min(finished), (launched, finished)
 
 

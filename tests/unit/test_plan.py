@@ -15,12 +15,25 @@ def cell(name: str, mesh: str, timeout: int = 60, platform: str = "cpu") -> Cell
                 timeout_s=timeout, tags=())
 
 
-def test_groups_by_platform_and_world_size_biggest_worlds_first() -> None:
+def test_one_world_per_platform_sized_for_its_largest_cell_cells_largest_first() -> None:
     cells = [cell("a", "1x1"), cell("b", "2x2"), cell("c", "1x4"), cell("d", "3x3"),
              cell("e", "2x2", platform="cuda")]
     batches = plan_batches(cells)
     assert [(b.platform, b.world_size, [c.target for c in b.cells]) for b in batches] == [
-        ("cpu", 9, ["d"]), ("cpu", 4, ["b", "c"]), ("cuda", 4, ["e"]), ("cpu", 1, ["a"])]
+        ("cpu", 9, ["d", "b", "c", "a"]), ("cuda", 4, ["e"])]
+
+
+def test_a_batch_is_sized_for_its_own_largest_cell() -> None:
+    cells = [cell("a", "1x1"), cell("b", "2x2"), cell("d", "3x3")]
+    batches = plan_batches(cells, batch_size=2)
+    assert [(b.world_size, [c.target for c in b.cells]) for b in batches] == [
+        (9, ["d", "b"]), (1, ["a"])]
+
+
+def test_keep_order_keeps_matrix_order_within_a_size() -> None:
+    cells = [cell("x", "1x1"), cell("y", "2x2"), cell("z", "1x1", timeout=900)]
+    (batch,) = plan_batches(cells, keep_order=True)
+    assert [c.target for c in batch.cells] == ["y", "x", "z"]
 
 
 @pytest.mark.parametrize(
@@ -88,3 +101,23 @@ def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
     assert [c.target for c in got] == fits
     assert {c.target: why for c, why in out} == {
         t: f"needs {n} GPUs (one per rank); {devices} visible" for t, n in left_out.items()}
+
+
+def test_jobs_split_a_platform_into_balanced_worlds_each_cell_once() -> None:
+    cells = [cell(f"c{i}", "2x2" if i % 3 else "1x1") for i in range(12)]
+    durations = {c.id: float(i + 1) for i, c in enumerate(cells)}  # 1..12 s, 78 s in all
+    batches = plan_batches(cells, durations=durations, worlds=3)
+    assert len(batches) == 3
+    ids = [c.id for b in batches for c in b.cells]
+    assert sorted(ids) == sorted(c.id for c in cells)  # every cell in exactly one world
+    loads = [sum(durations[c.id] for c in b.cells) for b in batches]
+    assert max(loads) - min(loads) <= 1.0, loads  # LPT on 1..12 over 3: 26 each
+    for b in batches:  # each world still largest first, then longest first
+        keys = [(-c.world_size, -durations[c.id]) for c in b.cells]
+        assert keys == sorted(keys)
+        assert b.world_size == max(c.world_size for c in b.cells)
+    assert len({b.name for b in batches}) == 3
+    # one world (the default) is the plan of a single job slot
+    assert [len(b.cells) for b in plan_batches(cells, durations=durations)] == [12]
+    # more worlds than cells: no empty world
+    assert len(plan_batches(cells[:2], durations=durations, worlds=5)) == 2

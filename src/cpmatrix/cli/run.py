@@ -22,6 +22,7 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.executors import EXECUTORS, executor_for
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.outdir import claim_out
+from cpmatrix.run.plan import slot_plan
 from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, prepare_run
 from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
@@ -140,9 +141,10 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
     """Print the plan each executor makes (the busiest first); run nothing."""
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
     durations = recorded_durations(options, out)
+    slots = options.max_jobs if options.scheduler == "slurm" else options.jobs
     plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
                           durations=durations, batch_size=options.batch_size,
-                          keep_order=options.keep_order, mutants=None))
+                          keep_order=options.keep_order, mutants=None, worlds=slots))
              for ex in reversed(EXECUTORS)]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     print(f"plan: {len(fits)} cells in {jobs or 'no jobs'} (runner: {options.runner})")
@@ -153,6 +155,9 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
                 print(f"  {c.id}  timeout={c.timeout_s}s")
     if options.scheduler == "slurm":
         print(slurm_plan(plans, durations, options.max_jobs))
+    else:
+        print(slot_plan([b for _, bs in plans for b in bs], durations, options.jobs,
+                        where="host", unit="jobs", flag="--jobs"))
     if skipped:
         print(f"skipped (not run on this host, reported as skipped): {len(skipped)} cells")
         for c, why in skipped:

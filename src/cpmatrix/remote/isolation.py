@@ -103,6 +103,17 @@ class CellIsolation:
         self._modules_before: set[str] = set()
         del torch
 
+    def rebase_world(self) -> None:
+        """The world's default group was re-made for another cell size
+        (:mod:`cpmatrix.remote.subworld`): it, and the size variables, are the new
+        baseline a case must leave in place."""
+        import torch.distributed as dist
+
+        self.world_group = dist.group.WORLD if dist.is_initialized() else None
+        for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+            if key in os.environ:
+                self.environ[key] = os.environ[key]
+
     def before_cell(self) -> None:
         self._modules_before = set(sys.modules)
 

@@ -332,22 +332,42 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from cpmatrix.remote.isolation import CellIsolation
+    from cpmatrix.remote.subworld import SubWorld
 
     if world.device == "cuda":
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=world.pg_timeout_s)
-    dist.init_process_group(backend=world.backend, timeout=timeout)
-    world_size = dist.get_world_size()
+    world_size = int(os.environ["WORLD_SIZE"])  # the launched ranks: the largest cell's
     store = dist.TCPStore(  # type: ignore[attr-defined]  # public, not re-exported in stubs
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
         timeout=timeout,
     )
+    group = SubWorld(rank=rank, backend=world.backend, store=store, timeout=timeout)
     meshes: dict[tuple[int, int], Any] = {}
+
+    def forget_meshes() -> None:
+        for mesh in meshes.values():
+            _destroy_mesh(mesh)
+        meshes.clear()
+        _clear_dtensor_caches()
+
     dumper = _StackDumper(world_dir / "dump.request")
     threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
     isolation = CellIsolation(project_roots=world.project_roots)
     try:
         for index, spec in enumerate(world.cells):
+            # Before the start marker: a group that cannot form is the world's fault,
+            # never the cell's (the supervisor reruns the cell in a fresh world).
+            if group.switch(spec.world_size, index, forget_meshes):
+                isolation.rebase_world()  # the new group is what a case must not touch
+            if not group.member():
+                # Sitting this cell out: a stack dump asked for now is not the cell's.
+                dumper.switch(world_dir / f"rank{rank}.idle-stacks.txt")
+                _, recycle = _barrier(store, index, rank, world_size, world.pg_timeout_s,
+                                      "ok")
+                if recycle:
+                    break
+                continue
             cell_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
             cell_dir.mkdir(parents=True, exist_ok=True)
             # On timeout the supervisor asks for stacks: they land in the cell's folder.

@@ -33,6 +33,8 @@ class RunContext:
     run_id: str = ""
     #: The interpreter that launches the children (``--python``).
     python: str = sys.executable
+    #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.remote.forkrun`) or ``torchrun``.
+    launcher: str = "fork"
     #: The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
     pythonpath: tuple[str, ...] = ()
     #: The matrix's own pythonpath folders: modules a cell imports from them are

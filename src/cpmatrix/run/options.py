@@ -26,7 +26,10 @@ from typing import Any
 from cpmatrix.errors import UsageError
 from cpmatrix.run.balance import parse_shard
 
-__all__ = ["RunOptions", "add_run_arguments"]
+__all__ = ["LAUNCHERS", "RunOptions", "add_run_arguments"]
+
+#: How a world's ranks are started (see docs/worlds.md for the measured choice).
+LAUNCHERS = ("fork", "torchrun")
 
 
 def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
@@ -41,13 +44,17 @@ class RunOptions:
         "--out", "output folder, claimed by one run at a time (default: %(default)s)",
         metavar="DIR"))
     batch_size: int | None = field(default=None, metadata=_flag(
-        "--batch-size", "cells per world (default: one world per platform x world size)",
+        "--batch-size", "cells per world (default: one world per platform)",
         metavar="N", type=int))
     jobs: int = field(default=1, metadata=_flag(
         "--jobs", "worlds (jobs) run at once", metavar="N", type=int))
     runner: str = field(default="local", metadata=_flag(
         "--runner", "how worlds are isolated: local, sandbox, docker, or auto "
         "(docker > sandbox > local; default: %(default)s)"))
+    launcher: str = field(default="fork", metadata=_flag(
+        "--launcher", "how a local world's ranks start: fork (one parent imports torch "
+        "once, then forks the ranks) or torchrun (default: %(default)s)",
+        choices=LAUNCHERS))
     mutants: bool = field(default=False, metadata=_flag(
         "--mutants", "also run each cell once per declared mutant; a surviving mutant fails",
         action="store_true"))
@@ -57,7 +64,8 @@ class RunOptions:
         "--gpus", "cuda devices in the pool (default: all visible); cuda cells with more "
         "ranks are skipped", metavar="N", type=int))
     keep_order: bool = field(default=False, metadata=_flag(
-        "--keep-order", "run cells in matrix order instead of longest-first",
+        "--keep-order",
+        "run cells in matrix order (within each size) instead of longest-first",
         action="store_true"))
     python: str = field(default=sys.executable, metadata=_flag(
         "--python", "interpreter that launches the worlds (default: this one)",
@@ -122,6 +130,9 @@ class RunOptions:
             parse_shard(self.shard)
         if self.scheduler != "slurm" and (self.partition or self.account or self.slurm_args):
             raise UsageError("--partition, --account and --slurm-arg need --scheduler slurm")
+        if self.launcher not in LAUNCHERS:
+            raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
+                             f"got {self.launcher!r}")
         if self.gpus is not None and self.gpus < 0:
             raise UsageError(f"--gpus must be >= 0, got {self.gpus}")
         for f in dataclasses.fields(self):

@@ -1,8 +1,13 @@
 """Planning: cells -> batches of worlds. Pure; no processes, no torch.
 
-Cells are grouped by (platform, world size). Each group is ordered longest-first by
-the durations recorded in earlier runs (else by timeout), then cut into batches of
-``batch_size`` cells (default: one batch per group, i.e. one torchrun world).
+Cells are grouped by platform: one world per platform, with the ranks of its largest
+cell; a smaller cell runs on the first ranks in a process group of its own size (see
+:mod:`cpmatrix.remote.subworld`). Within a world, cells are ordered by size, largest
+first (a world switches its group once per size), then longest-first by the durations
+recorded in earlier runs (else by timeout), then cut into batches of ``batch_size``
+cells (default: one batch per platform, i.e. one world). ``worlds=N`` (``--jobs N``, or
+``--max-jobs N`` under Slurm) first splits each platform's cells into N worlds that run at
+once, balanced longest-first onto the least-loaded world by the same expected seconds.
 
 Example::
 
@@ -10,8 +15,12 @@ Example::
     >>> def c(i, mesh): return Cell(id=f"t{i}", target="t", case="m:f", kind="parity",
     ...     level="unit", mesh=Mesh.parse(mesh), dtype="fp64", autocast=False,
     ...     path="reference", params=(), platform="cpu", timeout_s=60, tags=())
-    >>> [len(b.cells) for b in plan_batches([c(1, "2x2"), c(2, "1x1"), c(3, "2x2")])]
-    [2, 1]
+    >>> [(b.world_size, [x.id for x in b.cells])
+    ...  for b in plan_batches([c(1, "1x1"), c(2, "2x2"), c(3, "2x2")])]
+    [(4, ['t2', 't3', 't1'])]
+    >>> [(b.world_size, [x.id for x in b.cells])
+    ...  for b in plan_batches([c(1, "1x1"), c(2, "2x2"), c(3, "2x2")], worlds=2)]
+    [(4, ['t3', 't1']), (4, ['t2'])]
 """
 
 from __future__ import annotations
@@ -20,14 +29,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cpmatrix.matrix.schema import Cell
+from cpmatrix.run.balance import balance
 
 __all__ = ["Batch", "DevicePool", "expected_s", "fit_to_devices", "plan_batches",
-           "world_weights"]
+           "slot_plan", "world_weights"]
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Cells that share one torchrun world (same platform and world size)."""
+    """Cells that share one world (same platform); ``world_size``: its largest cell's."""
 
     name: str
     platform: str
@@ -47,18 +57,20 @@ def plan_batches(
     batch_size: int | None = None,
     mutants: Mapping[str, Sequence[str]] | None = None,
     keep_order: bool = False,
+    worlds: int = 1,
 ) -> list[Batch]:
-    """Group, order longest-first and cut into batches; biggest worlds come first.
+    """Group by platform, split into ``worlds`` balanced worlds, order each
+    largest-then-longest first and cut into batches.
 
     ``mutants`` maps a cell id to the mutants to run it with: each becomes its own
     entry in the batch (the cell run once per mutant, with that mutant switched on).
     """
     durations = durations or {}
-    groups: dict[tuple[str, int], list[tuple[Cell, str]]] = {}
+    groups: dict[str, list[tuple[Cell, str]]] = {}
     for cell in cells:
         entries = [(cell, m) for m in (mutants or {}).get(cell.id, ())] if mutants else [(cell, "")]
         for entry in entries:
-            groups.setdefault((cell.platform, cell.world_size), []).append(entry)
+            groups.setdefault(cell.platform, []).append(entry)
 
     def expected(entry: tuple[Cell, str]) -> float:
         cell = entry[0]
@@ -67,24 +79,41 @@ def plan_batches(
         return known if known is not None else float(cell.timeout_s) / 60.0
 
     batches: list[Batch] = []
-    # Larger worlds first: they are the slowest to start and the most likely to fail.
-    ordered = sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0]))
-    for (platform, world_size), entries in ordered:
-        if not keep_order:  # keep_order: matrix order, to bisect state leaking between cells
-            entries.sort(key=lambda e: (-expected(e), e[0].id, e[1]))
-        size = batch_size if batch_size and batch_size > 0 else len(entries)
-        for start in range(0, len(entries), size):
-            chunk = entries[start : start + size]
-            batches.append(
-                Batch(
-                    name=f"{platform}-w{world_size}-b{start // size}",
-                    platform=platform,
-                    world_size=world_size,
-                    cells=tuple(c for c, _ in chunk),
-                    mutants=tuple(m for _, m in chunk) if mutants else (),
+    for platform in sorted(groups):
+        count = 0
+        for entries in _split(groups[platform], worlds, expected):
+            if keep_order:  # matrix order, to bisect state leaking between cells
+                # ... by size all the same: a world switches its group once per size.
+                entries.sort(key=lambda e: -e[0].world_size)
+            else:
+                entries.sort(key=lambda e: (-e[0].world_size, -expected(e), e[0].id, e[1]))
+            size = batch_size if batch_size and batch_size > 0 else len(entries)
+            for start in range(0, len(entries), size):
+                chunk = entries[start : start + size]
+                world_size = max(c.world_size for c, _ in chunk)
+                batches.append(
+                    Batch(
+                        name=f"{platform}-w{world_size}-b{count}",
+                        platform=platform,
+                        world_size=world_size,
+                        cells=tuple(c for c, _ in chunk),
+                        mutants=tuple(m for _, m in chunk) if mutants else (),
+                    )
                 )
-            )
+                count += 1
+    # Larger worlds first: they are the slowest to start and the most likely to fail.
+    batches.sort(key=lambda b: -b.world_size)
     return batches
+
+
+def _split(entries: list[tuple[Cell, str]], worlds: int,
+           expected: Callable[[tuple[Cell, str]], float]) -> list[list[tuple[Cell, str]]]:
+    """``entries`` in up to ``worlds`` groups, longest-first onto the least-loaded (matrix
+    order kept inside each group; empty groups dropped)."""
+    if worlds <= 1 or len(entries) <= 1:
+        return [list(entries)]
+    plan = balance({str(i): expected(e) for i, e in enumerate(entries)}, worlds)
+    return [[entries[i] for i in sorted(int(k) for k in group)] for group in plan.bins if group]
 
 
 def expected_s(cell: Cell, durations: Mapping[str, float]) -> float:
@@ -106,6 +135,35 @@ def world_weights(batches: Iterable[tuple[str, Sequence[Cell]]],
     {'w0': 5.0}
     """
     return {name: sum(expected_s(c, durations) for c in cells) for name, cells in batches}
+
+
+def slot_plan(batches: Sequence[Batch], durations: Mapping[str, float], slots: int, *,
+              where: str, unit: str, flag: str) -> str:
+    """``--dry-run``'s schedule: the batches on ``slots`` slots, longest first, and the
+    expected makespan (recorded durations; a sixtieth of the timeout where unknown).
+
+    At run time each slot takes the longest batch left as soon as it is free, which is
+    this plan when the durations are right (and adapts when they are not).
+
+    >>> from cpmatrix.matrix.schema import Cell, Mesh
+    >>> c = Cell(id="a", target="t", case="m:f", kind="parity", level="unit",
+    ...     mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False, path="reference",
+    ...     params=(), platform="cpu", timeout_s=60, tags=())
+    >>> print(slot_plan(plan_batches([c]), {"a": 2.0}, 4, where="host", unit="worlds",
+    ...                 flag="--jobs"))
+    host: 1 worlds on 1 slots (--jobs 4); expected makespan 2.0 s (serial 2.0 s)
+      slot 1: 2.0 s: cpu-w1-b0
+    """
+    weights = world_weights([(b.name, b.cells) for b in batches], durations)
+    if not weights:
+        return f"{where}: no jobs"
+    plan = balance(weights, min(slots, len(weights)))
+    lines = [f"{where}: {len(weights)} {unit} on {len(plan.bins)} slots "
+             f"({flag} {slots}); expected makespan {plan.makespan:.1f} s "
+             f"(serial {sum(weights.values()):.1f} s)"]
+    for i, (names, load) in enumerate(zip(plan.bins, plan.loads, strict=True), 1):
+        lines.append(f"  slot {i}: {load:.1f} s: {', '.join(names)}")
+    return "\n".join(lines)
 
 
 def fit_to_devices(

@@ -160,7 +160,7 @@ def run_cells(
     for executor in EXECUTORS:
         mine = [c for c in todo if executor_for(c.kind) is executor]
         for b in executor.plan(mine, durations=durations, batch_size=batch_size,
-                               keep_order=keep_order,
+                               keep_order=keep_order, worlds=jobs,
                                mutants=mutants if executor.supports_mutants else None):
             entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
             session.planned.extend(entries)
@@ -379,8 +379,14 @@ class _Session:
 def _sweep_run(run_id: str, children_before: set[int]) -> None:
     """Kill what the run left: its jobs' processes (by token) and orphans re-parented to
     us while it ran (we are their subreaper); then reap them."""
-    leftovers = processes_with_token(f"{run_id}/", prefix=True) if run_id else []
-    leftovers += [p for p in descendants(os.getpid()) if p not in children_before]
-    if leftovers:
+    # Again until nothing is left: a killed rank's orphans (a daemon in its own session,
+    # with an empty environment) are re-parented to us only once the rank has exited,
+    # which SIGKILL does not wait for. Seen with ranks of a large forked parent.
+    for _ in range(40):
+        leftovers = processes_with_token(f"{run_id}/", prefix=True) if run_id else []
+        leftovers += [p for p in descendants(os.getpid()) if p not in children_before]
+        if not leftovers:
+            break
         kill_all(leftovers)
+        time.sleep(0.05)
     reap_orphans(keep=children_before)

@@ -81,6 +81,7 @@ def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
     """The executors' shared context for a run of ``matrix`` into ``out``."""
     return RunContext(
         out_root=out, runner=runner, run_id=run_id, python=options.python,
+        launcher=options.launcher,
         pythonpath=(*matrix.pythonpath, str(IMPORT_ROOT)),
         project_roots=matrix.pythonpath,
         readonly=(str(Path(matrix.path).resolve().parent),),

@@ -39,13 +39,12 @@ from typing import Final
 
 from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.balance import balance
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.plan import Batch, world_weights
+from cpmatrix.run.plan import Batch, slot_plan
 from cpmatrix.run.runners.base import Launch, Runner
 
 __all__ = ["ENDED_BY_SLURM", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
@@ -362,19 +361,6 @@ def slurm_scheduling(options: RunOptions, context: RunContext
 def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]],
                durations: Mapping[str, float], max_jobs: int) -> str:
     """``--dry-run`` with Slurm: the worlds on ``max_jobs`` job slots, longest first, and
-    the expected makespan (recorded durations; a sixtieth of the timeout where unknown).
-
-    At run time each slot takes the longest world left as soon as it is free, which is
-    this plan when the durations are right (and adapts when they are not).
-    """
-    batches = [(b.name, b.cells) for _, bs in plans for b in bs]
-    weights = world_weights(batches, durations)
-    if not weights:
-        return "slurm: no jobs"
-    plan = balance(weights, min(max_jobs, len(weights)))
-    lines = [f"slurm: {len(weights)} jobs (one per world) on {len(plan.bins)} slots "
-             f"(--max-jobs {max_jobs}); expected makespan {plan.makespan:.1f} s "
-             f"(serial {sum(weights.values()):.1f} s)"]
-    for i, (names, load) in enumerate(zip(plan.bins, plan.loads, strict=True), 1):
-        lines.append(f"  slot {i}: {load:.1f} s: {', '.join(names)}")
-    return "\n".join(lines)
+    the expected makespan (see :func:`cpmatrix.run.plan.slot_plan`)."""
+    return slot_plan([b for _, bs in plans for b in bs], durations, max_jobs,
+                     where="slurm", unit="jobs (one per world)", flag="--max-jobs")

@@ -76,8 +76,9 @@ class Executor(Protocol):
 
     def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
              batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None) -> list[Batch]:
-        """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches."""
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1) -> list[Batch]:
+        """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches;
+        ``worlds``: how many of them may run at once (``--jobs``), to balance over."""
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
         """cuda devices the job of ``entries`` holds while it runs (0: none)."""

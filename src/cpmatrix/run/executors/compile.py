@@ -185,7 +185,8 @@ class CompileExecutor:
 
     def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
              batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None) -> list[Batch]:
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1) -> list[Batch]:
+        # one compile job: its cells are seconds each, cached by digest
         if not cells:
             return []
         return [Batch(name="spill", platform=cells[0].platform, world_size=1,

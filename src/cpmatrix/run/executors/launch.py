@@ -26,7 +26,7 @@ from cpmatrix.remote.procs import WORLD_TOKEN, descendants, kill_all, processes_
 from cpmatrix.remote.protocol import Outcome, StartMarker, parse_marker_name, read_typed
 from cpmatrix.run.runners.base import Launch, Runner
 
-__all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port"]
+__all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv"]
 
 #: Starts the command with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
 #: the kernel kills the child (and each rank then dies with torchrun). argv: the expected
@@ -44,6 +44,26 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def launcher_argv(launcher: str, python: str, ranks: int, port: int,
+                  world_file: str) -> tuple[str, ...]:
+    """The command that starts a world's ranks, each running ``world_main``.
+
+    ``fork``: :mod:`cpmatrix.remote.forkrun` imports torch once and forks the ranks
+    (a 4-rank world starts several times faster on CPU; docs/worlds.md has the numbers).
+    ``torchrun``: ``torch.distributed.run``, each rank a fresh interpreter.
+
+    >>> launcher_argv("fork", "py", 2, 9, "w.json")[:3]
+    ('py', '-m', 'cpmatrix.remote.forkrun')
+    """
+    common = (f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1", f"--master-port={port}")
+    if launcher == "fork":
+        return (python, "-m", "cpmatrix.remote.forkrun", *common,
+                "-m", "cpmatrix.remote.world_main", world_file)
+    return (python, "-m", "torch.distributed.run", "--nnodes=1", *common,
+            "--max-restarts=0", "--monitor-interval=0.1",
+            "-m", "cpmatrix.remote.world_main", world_file)
 
 
 class Child:

@@ -40,7 +40,13 @@ from cpmatrix.run.executors.attribution import (
     result_from_outcomes,
     torchrun_root_cause,
 )
-from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress, free_port
+from cpmatrix.run.executors.launch import (
+    WORLD_TOKEN,
+    Child,
+    Progress,
+    free_port,
+    launcher_argv,
+)
 from cpmatrix.run.plan import Batch, plan_batches
 from cpmatrix.run.runners.base import Launch, hermetic_env
 
@@ -92,7 +98,9 @@ class WorldRun:
         self.platform = platform
         self.context = context
         self.devices = devices
-        self.world_size = entries[0].cell.world_size
+        #: Ranks launched: the largest cell's. A smaller cell runs on ranks 0..k-1 in a
+        #: process group of its own size (:mod:`cpmatrix.remote.subworld`).
+        self.world_size = max(e.cell.world_size for e in entries)
         self.dir = context.out_root / "worlds" / name
         self.progress = Progress(self.dir / "progress", context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
@@ -142,12 +150,8 @@ class WorldRun:
             if self.devices:
                 extra["CUDA_VISIBLE_DEVICES"] = _physical_devices(self.devices, ctx.source_env)
             env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
-            argv = (
-                ctx.python, "-m", "torch.distributed.run", "--nnodes=1",
-                f"--nproc-per-node={self.world_size}", "--master-addr=127.0.0.1",
-                f"--master-port={free_port()}", "--max-restarts=0", "--monitor-interval=0.1",
-                "-m", "cpmatrix.remote.world_main", str(world_file),
-            )
+            argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
+                                 str(world_file))
             launch = Launch(
                 argv=argv, env=env, cwd=str(self.dir), writable=(str(ctx.out_root),),
                 readonly=tuple(dict.fromkeys((*ctx.readonly, *ctx.pythonpath))),
@@ -223,20 +227,24 @@ class WorldRun:
             self._check_timeouts(now)
         return self.results[before:]
 
+    def _ranks(self, i: int) -> range:
+        """The ranks cell ``i`` runs on (the others sit it out)."""
+        return range(self.entries[i].cell.world_size)
+
     def _outcomes(self, i: int) -> dict[int, Outcome | None]:
-        return {r: self.progress.dones.get((i, r)) for r in range(self.world_size)}
+        return {r: self.progress.dones.get((i, r)) for r in self._ranks(i)}
 
     def _collect_complete(self) -> None:
         for i, entry in enumerate(self.entries):
             if i in self._reported:
                 continue
             outs = [o for o in self._outcomes(i).values() if o is not None]
-            if len(outs) == self.world_size:
+            if len(outs) == len(self._ranks(i)):
                 self._report(i, result_from_outcomes(entry, outs, tails=self._tails(i)))
 
     def _tails(self, i: int) -> dict[int, str]:
         tails = {}
-        for r in range(self.world_size):
+        for r in self._ranks(i):
             start = self.progress.starts.get((i, r))
             done = self.progress.dones.get((i, r))
             tails[r] = tail_lines(self.dir / f"rank{r}.log", start.log_offset if start else 0,
@@ -356,6 +364,11 @@ class WorldRun:
         entry = self.entries[i]
         outs = self._outcomes(i)
         root = torchrun_root_cause(_read_text(self.dir / "torchrun.log"))
+        if self._idle_rank_died(i, root):
+            # A rank that sits this cell out died first: not the cell's fault. The cell
+            # and the rest run in a fresh world (attempt unchanged: nothing failed).
+            self._hand_back()
+            return
         # A rank that wrote an outcome for the cell was alive after it: not the culprit.
         silent = [r for r, o in outs.items() if o is None]
         how: dict[int, str] = {}
@@ -389,6 +402,17 @@ class WorldRun:
         self._report(i, result)
         self._hand_back()
 
+    def _idle_rank_died(self, i: int, root: tuple[int, str] | None) -> bool:
+        """The first rank seen dead (torchrun's root cause, else by pid) is not one of
+        cell ``i``'s ranks."""
+        if root is not None:
+            return root[0] not in self._ranks(i)
+        if not self._dead:
+            return False
+        first = min(t for t, _ in self._dead.values())
+        dead = [r for r, (t, _) in self._dead.items() if t - first < 0.05]
+        return all(r not in self._ranks(i) for r in dead)
+
     def kill(self) -> None:
         """Stop the world now (the run was interrupted)."""
         self.child.kill(list(self._host_pids().values()))
@@ -412,7 +436,7 @@ def _physical_devices(pool: tuple[int, ...], env: Mapping[str, str]) -> str:
 
 
 class WorldExecutor:
-    """Parity and property cells in torchrun worlds, one world per (platform, size)."""
+    """Parity and property cells in worlds of ranks, one world per platform."""
 
     name = "world"
     noun = "a world"
@@ -422,13 +446,13 @@ class WorldExecutor:
 
     def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
              batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None) -> list[Batch]:
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1) -> list[Batch]:
         return plan_batches(cells, durations=durations, batch_size=batch_size,
-                            mutants=mutants, keep_order=keep_order)
+                            mutants=mutants, keep_order=keep_order, worlds=worlds)
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
-        # One device per rank with nccl; CPU ranks need none.
-        return entries[0].cell.world_size if platform.device == "cuda" else 0
+        # One device per rank with nccl (the world has its largest cell's ranks).
+        return max(e.cell.world_size for e in entries) if platform.device == "cuda" else 0
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
             context: RunContext, devices: tuple[int, ...]) -> WorldRun:

@@ -1,0 +1,60 @@
+"""The peer side of benchmarks/peers.py: PyTorch's ``MultiProcContinuousTest`` running the
+same checks as ``benchmarks/batching.yaml`` (bench_cases.matmul_layernorm, fp64, gloo),
+``REPS`` tests on a 2x2 mesh (a 4-rank world) and ``REPS`` on 3x3 (a 9-rank world).
+
+    CPMATRIX_PEER_REPS=15 python benchmarks/peers_continuous.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+from torch.testing._internal.common_utils import run_tests
+
+sys.path.insert(0, str(Path(__file__).parent / "cases"))
+from bench_cases import matmul_layernorm
+
+REPS = int(os.environ.get("CPMATRIX_PEER_REPS", "15"))
+
+
+def _check(test: MultiProcContinuousTest, rows: int, rep: int) -> None:
+    mesh = init_device_mesh("cpu", (rows, rows))
+    generator = torch.Generator().manual_seed(rep)
+    cell = SimpleNamespace(generator=generator, dtype=torch.float64, mesh=mesh,
+                           record=lambda *_: None)
+    matmul_layernorm(cell)
+
+
+class _Base(MultiProcContinuousTest):
+    @classmethod
+    def backend_str(cls) -> str:
+        return "gloo"
+
+    @classmethod
+    def device_type(cls) -> str:
+        return "cpu"
+
+
+class Mesh2x2(_Base):
+    world_size = 4
+
+
+class Mesh3x3(_Base):
+    world_size = 9
+
+
+for _rep in range(REPS):
+    setattr(Mesh2x2, f"test_rep{_rep:02d}",
+            lambda self, r=_rep: _check(self, 2, r))
+    setattr(Mesh3x3, f"test_rep{_rep:02d}",
+            lambda self, r=_rep: _check(self, 3, r))
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,95 @@
+"""The fork launcher (``cpmatrix.remote.forkrun``) on its own: the ranks it forks get
+torchrun's variables, die with it, and the first failing rank is named; it refuses to
+fork once a thread exists. (Through the product, every world test runs on it: it is the
+default ``--launcher``.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from cli_runner import wait_for
+from cpmatrix.run.executors.attribution import torchrun_root_cause
+
+RES = Path(__file__).parents[1] / "resources" / "fork"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(out: Path, module: str, *args: str) -> subprocess.Popen[bytes]:
+    """The launcher with 3 ranks; its output goes to ``out/launcher.log`` (a file, not a
+    pipe: a rank that outlived it would hold a pipe open)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(RES), os.environ.get(
+        "PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    with open(out / "launcher.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cpmatrix.remote.forkrun", "--nproc-per-node=3",
+             f"--master-port={free_port()}", "-m", module, str(out), *args],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen[bytes], out: Path) -> str:
+    proc.wait(timeout=300)
+    return (out / "launcher.log").read_text()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def rank_pids(out: Path) -> list[int]:
+    return [int((out / f"rank{r}.pid").read_text().split()[0]) for r in range(3)]
+
+
+def test_ranks_get_torchruns_variables_and_exit_cleanly(tmp_path: Path) -> None:
+    proc = launch(tmp_path, "fork_targets", "ok")
+    output = finish(proc, tmp_path)
+    assert proc.returncode == 0, output
+    lines = [(tmp_path / f"rank{r}.pid").read_text().split() for r in range(3)]
+    assert {size for _, size, _ in lines} == {"3"}
+    assert len({pid for pid, _, _ in lines}) == 3
+
+
+def test_sigkill_of_the_launcher_takes_every_rank_down(tmp_path: Path) -> None:
+    proc = launch(tmp_path, "fork_targets", "sleep")
+    try:
+        wait_for("3 ranks", lambda: len(list(tmp_path.glob("rank*.pid"))) == 3, timeout=300)
+        wait_for("rank pid files written", lambda: all(
+            p.read_text().endswith("\n") for p in tmp_path.glob("rank*.pid")))
+        pids = rank_pids(tmp_path)
+        assert all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        # The parent-death signal, set in each rank right after the fork.
+        wait_for("the ranks to die", lambda: not any(alive(p) for p in pids), timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_first_failing_rank_is_named_and_the_others_are_killed(tmp_path: Path) -> None:
+    proc = launch(tmp_path, "fork_targets", "exit7_rank1")
+    output = finish(proc, tmp_path)
+    assert proc.returncode == 1, output
+    assert torchrun_root_cause(output) == (1, "exited with code 7"), output
+    assert not any(alive(p) for p in rank_pids(tmp_path))
+
+
+def test_it_refuses_to_fork_once_a_thread_exists(tmp_path: Path) -> None:
+    proc = launch(tmp_path, "fork_threaded")
+    output = finish(proc, tmp_path)
+    assert proc.returncode == 3, output
+    assert "refusing to fork: 2 threads" in output
+    assert not list(tmp_path.glob("rank*.pid"))
