@@ -106,3 +106,23 @@ def test_slurm_dry_run_prints_the_slots_and_the_makespan(tmp_path: Path) -> None
     assert "slurm: 4 jobs (one per world) on 2 slots (--max-jobs 2); expected makespan " \
         "5.0 s (serial 10.0 s)" in proc.stdout, proc.stdout
     assert proc.stdout.count("  slot ") == 2
+
+
+def test_slurm_splits_a_platform_into_a_job_per_minute_of_work(tmp_path: Path) -> None:
+    ids = [c.split()[0] for c in run_cli("list", "--matrix", MATRIX, "--platform", "cpu")
+           .stdout.splitlines() if c.endswith("@cpu")]
+    durations = tmp_path / "durations.json"
+
+    def jobs(seconds: float, max_jobs: int) -> str:
+        durations.write_text(json.dumps({c: seconds for c in ids}))
+        proc = run_cli("run", "--matrix", MATRIX, "--scheduler", "slurm", "--max-jobs",
+                       str(max_jobs), "--durations", str(durations), "--dry-run")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return next(ln for ln in proc.stdout.splitlines() if ln.startswith("slurm: "))
+
+    assert len(ids) == 4
+    # 4 x 100 s: a job per minute of work would be 7, capped at --max-jobs 3
+    assert jobs(100.0, 3).startswith("slurm: 3 jobs (one per world) on 3 slots")
+    # 4 x 20 s: 80 s of work, two jobs; 4 x 1 s: seconds of work stay in one job
+    assert jobs(20.0, 8).startswith("slurm: 2 jobs (one per world) on 2 slots")
+    assert jobs(1.0, 8).startswith("slurm: 1 jobs (one per world) on 1 slots")

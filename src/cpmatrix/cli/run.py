@@ -26,7 +26,7 @@ from cpmatrix.run.plan import slot_plan
 from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, prepare_run
 from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
-from cpmatrix.run.slurm import slurm_missing, slurm_plan, slurm_scheduling
+from cpmatrix.run.slurm import slurm_missing, slurm_plan, slurm_scheduling, slurm_worlds
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 
 __all__ = ["add_parsers", "run"]
@@ -80,11 +80,13 @@ def run(args: argparse.Namespace) -> int:
                   "as skipped", file=sys.stderr)
         print(f"runner: {prepared.runner.name} ({prepared.why_runner})", flush=True)
         context, jobs, devices, wrap_job = prepared.context, options.jobs, prepared.devices, None
+        worlds = jobs
         if options.scheduler == "slurm":
             context, wrap_job = slurm_scheduling(options, prepared.context)
             # Slurm places each job on a node with its own GPUs: the pool here only caps
             # how many cuda worlds are in flight (--max-jobs of them at most).
             jobs, devices = options.max_jobs, prepared.devices * options.max_jobs
+            worlds = slurm_worlds(prepared.cells, recorded_durations(options, out), jobs)
             print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
                   f"--out {out} must be shared with the nodes)", flush=True)
         progress = Progress(force_plain=options.plain)
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 report = run_cells(
                     prepared.cells, prepared.platforms, context,
-                    batch_size=options.batch_size, jobs=jobs, wrap_job=wrap_job,
+                    batch_size=options.batch_size, jobs=jobs, worlds=worlds, wrap_job=wrap_job,
                     recorded=recorded_durations(options, out) if options.durations else None,
                     devices=devices, mutants=prepared.mutants,
                     keep_order=options.keep_order, cached=prepared.cached,
@@ -141,7 +143,8 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
     """Print the plan each executor makes (the busiest first); run nothing."""
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
     durations = recorded_durations(options, out)
-    slots = options.max_jobs if options.scheduler == "slurm" else options.jobs
+    slots = (slurm_worlds(fits, durations, options.max_jobs) if options.scheduler == "slurm"
+             else options.jobs)
     plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
                           durations=durations, batch_size=options.batch_size,
                           keep_order=options.keep_order, mutants=None, worlds=slots))

@@ -116,6 +116,7 @@ def run_cells(
     *,
     batch_size: int | None = None,
     jobs: int = 1,
+    worlds: int | None = None,
     devices: int = 0,
     mutants: Mapping[str, Sequence[str]] | None = None,
     keep_order: bool = False,
@@ -133,6 +134,8 @@ def run_cells(
     ``wrap_job`` makes each job another scheduler's (:class:`cpmatrix.run.slurm.SlurmJob`);
     its jobs then start longest-expected first, so each of the ``jobs`` slots takes the
     longest world left when it frees: greedy longest-first onto the least-loaded job.
+
+    ``worlds``: how many worlds to split each platform's cells into (default ``jobs``).
 
     ``recorded`` adds durations to plan by (``--durations``) to those of ``out``.
 
@@ -160,7 +163,8 @@ def run_cells(
     for executor in EXECUTORS:
         mine = [c for c in todo if executor_for(c.kind) is executor]
         for b in executor.plan(mine, durations=durations, batch_size=batch_size,
-                               keep_order=keep_order, worlds=jobs,
+                               keep_order=keep_order,
+                               worlds=jobs if worlds is None else worlds,
                                mutants=mutants if executor.supports_mutants else None):
             entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
             session.planned.extend(entries)

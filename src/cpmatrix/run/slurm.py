@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+from cpmatrix.matrix.schema import Cell
 from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.result import FailureKind, Result, Status
 from cpmatrix.run.context import RunContext
@@ -44,11 +46,12 @@ from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.plan import Batch, slot_plan
+from cpmatrix.run.plan import Batch, expected_s, slot_plan
 from cpmatrix.run.runners.base import Launch, Runner
 
-__all__ = ["ENDED_BY_SLURM", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
-           "parse_states", "query_states", "slurm_missing", "slurm_plan", "slurm_scheduling"]
+__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
+           "parse_states", "query_states", "slurm_missing", "slurm_plan", "slurm_scheduling",
+           "slurm_worlds"]
 
 #: Job states in which Slurm, not the world, ended the job.
 ENDED_BY_SLURM: Final = frozenset({"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -59,6 +62,10 @@ UNSETTLED: Final = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT
 SETTLE_S: Final = 15.0
 #: What srun needs from the caller's environment to reach the cluster (not the world's).
 SRUN_ENV: Final = ("SLURM_CONF",)
+#: The expected work a Slurm job should carry before a platform's cells are split over
+#: more jobs: each job pays Slurm's scheduling and a world start (seconds), so a split
+#: into jobs of a few seconds' work would cost more than it saves.
+MIN_JOB_S: Final = 60.0
 #: How often Slurm is asked about the run's jobs (one squeue for all of them).
 QUERY_EVERY_S: Final = 1.0
 
@@ -356,6 +363,22 @@ def slurm_scheduling(options: RunOptions, context: RunContext
         partition=options.partition, account=options.account,
         extra_args=tuple(options.slurm_args), pending_timeout_s=options.pending_timeout_s))
     return replace(context, runner=runner), lambda job: SlurmJob(job, runner)
+
+
+def slurm_worlds(cells: Sequence[Cell], durations: Mapping[str, float], max_jobs: int) -> int:
+    """How many worlds (jobs) to split each platform's cells into: one per ``MIN_JOB_S``
+    of expected work (recorded durations, else a sixtieth of the timeout), at most
+    ``max_jobs``, at least one.
+
+    >>> from cpmatrix.matrix.schema import Mesh
+    >>> c = Cell(id="a", target="t", case="m:f", kind="parity", level="unit",
+    ...     mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False, path="reference",
+    ...     params=(), platform="cpu", timeout_s=60, tags=())
+    >>> slurm_worlds([c], {"a": 500.0}, 8), slurm_worlds([c], {"a": 5.0}, 8)
+    (8, 1)
+    """
+    work = sum(expected_s(c, durations) for c in cells)
+    return max(1, min(max_jobs, math.ceil(work / MIN_JOB_S)))
 
 
 def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]],
