@@ -184,3 +184,18 @@ def test_no_slurm_client_on_path_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("run", "--matrix", str(RES / "runtime.yaml"), "--partition", "x",
                    "--out", str(tmp_path / "o2"))
     assert proc.returncode == 2 and "need --scheduler slurm" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("runner", ["sandbox", pytest.param("docker", marks=pytest.mark.docker)])
+def test_the_runs_runner_isolates_the_world_inside_the_job(tmp_path: Path, runner: str) -> None:
+    # The runner's command is the job's one task: bwrap / docker run inside srun.
+    out = tmp_path / "out"
+    proc = _run(str(RES / "signals.yaml"), out, "-k", "s0_quick or s1_quick",
+                "--runner", runner, slurm=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {r["status"] for r in _results(out).values()} == {"passed"}
+    [command] = [json.loads(p.read_text())["argv"] for p in out.glob("worlds/*/command.json")]
+    isolation = [shutil.which("bwrap")] if runner == "sandbox" else [shutil.which("docker"), "run"]
+    assert command[0] == "srun" and command[6:6 + len(isolation)] == isolation, command[:8]
+    [(_, state)] = _jobs_of(out)
+    assert state == "COMPLETED"
