@@ -9,7 +9,8 @@ Contestants, each timed wall-clock from the command's start to its exit:
 - cpmatrix, batched, fork launcher (the default);
 - cpmatrix, batched, ``--launcher torchrun`` (each rank a fresh interpreter);
 - PyTorch's ``MultiProcContinuousTest`` (``benchmarks/peers_continuous.py``; one forked
-  world per test class, tests sent over a queue; needs ``pip install expecttest``);
+  world per test class, tests sent over a queue; needs ``pip install -e .[bench]``, which
+  brings expecttest);
 - with ``--per-cell``: cpmatrix ``--batch-size 1`` (one world per cell, fork launcher).
 
 Machines are noisy: compare the ratios, which are measured in one run.
