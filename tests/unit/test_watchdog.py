@@ -8,16 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from cli_runner import wait_for
+from cli_runner import pid_alive, wait_for
 from cpmatrix.remote.watchdog import alive, boot_id, start_time, watch_argv
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_a_process_is_known_by_its_pid_and_start_time() -> None:
@@ -61,14 +53,14 @@ def test_the_tree_dies_with_the_supervisor(tmp_path: Path) -> None:
     try:
         wait_for("the command to start", lambda: pids.exists() and " " in pids.read_text())
         started = [int(p) for p in pids.read_text().split()]
-        assert all(_pid_alive(p) for p in started)
+        assert all(pid_alive(p) for p in started)
         time.sleep(0.6)
         assert watchdog.poll() is None  # the supervisor lives: nothing happens
         supervisor.kill()
         supervisor.wait()
         _, err = watchdog.communicate(timeout=10)
         assert watchdog.returncode == 137 and "supervisor" in err
-        wait_for("the tree to die", lambda: not any(_pid_alive(p) for p in started),
+        wait_for("the tree to die", lambda: not any(pid_alive(p) for p in started),
                  timeout=10)
     finally:
         for proc in (supervisor, watchdog):
