@@ -1,6 +1,15 @@
-"""Shared by the runner tests: scripts run through each runner (a probe, a 2-rank world)."""
+"""Shared by the runner tests: scripts run through each runner (a probe, a 2-rank world),
+and the launch they run in."""
 
+import os
+import sys
 import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+
+from cpmatrix.run.runners import Launch, hermetic_env
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Two ranks: init gloo, all_reduce rank+1, each rank writes what it got and where it ran.
 WORLD = textwrap.dedent(
@@ -59,3 +68,19 @@ PROBE = textwrap.dedent(
         json.dump(seen, f)
     """
 )
+
+
+def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str = "t",
+                source: Mapping[str, str] | None = None) -> Launch:
+    """A launch shaped like the supervisor's: ``tmp_path/out`` (writable, with private
+    HOME and TMPDIR) and ``tmp_path/src`` (read-only, on PYTHONPATH), the sources and the
+    host Python read-only; ``source`` adds to the caller's environment (with SECRET set,
+    which the hermetic environment must drop)."""
+    out, src = tmp_path / "out", tmp_path / "src"
+    for folder in (out / "home", out / "tmp", src):
+        folder.mkdir(parents=True, exist_ok=True)
+    env = hermetic_env(dict(os.environ, CPMATRIX_TEST_SECRET=SECRET, **(source or {})),
+                       home=str(out / "home"), tmp=str(out / "tmp"),
+                       extra={"PYTHONPATH": str(src)})
+    return Launch(argv=argv, env=env, cwd=str(ROOT), writable=(str(out),),
+                  readonly=(str(ROOT), str(src), sys.prefix), name=name)

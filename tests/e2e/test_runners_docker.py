@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+import runner_probes as probes
 from cpmatrix.run.executors.world import free_port
-from cpmatrix.run.runners import Launch, get_runner, hermetic_env, image
+from cpmatrix.run.runners import Launch, get_runner, image
 from cpmatrix.run.runners.docker import DockerRunner, container_argv, docker_run_argv
 from runner_probes import PROBE, SECRET, WORLD
 
@@ -29,23 +30,9 @@ SRC = ROOT / "src"
 
 
 def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str) -> Launch:
-    """A launch shaped like the supervisor's: ``tmp_path/out`` (writable, with private
-    HOME and TMPDIR) and ``tmp_path/src`` (read-only), sources and the host Python."""
-    out, src = tmp_path / "out", tmp_path / "src"
-    for folder in (out / "home", out / "tmp", src):
-        folder.mkdir(parents=True, exist_ok=True)
-    source = dict(os.environ, CPMATRIX_TEST_SECRET=SECRET, VIRTUAL_ENV=sys.prefix)
-    env = hermetic_env(
-        source, home=str(out / "home"), tmp=str(out / "tmp"), extra={"PYTHONPATH": str(src)}
-    )
-    return Launch(
-        argv=argv,
-        env=env,
-        cwd=str(ROOT),
-        writable=(str(out),),
-        readonly=(str(ROOT), str(src), sys.prefix),
-        name=name,
-    )
+    """The shared launch, with the host's Python announced as a virtualenv (it must not
+    reach the container)."""
+    return probes.make_launch(tmp_path, argv, name=name, source={"VIRTUAL_ENV": sys.prefix})
 
 
 def unique_name(tag: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.run.executors.world import free_port
-from cpmatrix.run.runners import Launch, get_runner, hermetic_env
+from cpmatrix.run.runners import Launch, get_runner
 from cpmatrix.run.runners.sandbox import (
     CELL_HOSTNAME,
     SandboxRunner,
@@ -28,29 +28,9 @@ from cpmatrix.run.runners.sandbox import (
     python_roots,
     sandbox_argv,
 )
-from runner_probes import PROBE, SECRET, WORLD
+from runner_probes import PROBE, WORLD, make_launch
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_launch(tmp_path: Path, argv: tuple[str, ...], *, name: str = "t") -> Launch:
-    """A launch shaped like the supervisor's: ``tmp_path/out`` (writable, with private
-    HOME and TMPDIR) and ``tmp_path/src`` (read-only, on PYTHONPATH)."""
-    out, src = tmp_path / "out", tmp_path / "src"
-    for folder in (out / "home", out / "tmp", src):
-        folder.mkdir(parents=True, exist_ok=True)
-    source = dict(os.environ, CPMATRIX_TEST_SECRET=SECRET)
-    env = hermetic_env(
-        source, home=str(out / "home"), tmp=str(out / "tmp"), extra={"PYTHONPATH": str(src)}
-    )
-    return Launch(
-        argv=argv,
-        env=env,
-        cwd=str(ROOT),
-        writable=(str(out),),
-        readonly=(str(ROOT), str(src), sys.prefix),
-        name=name,
-    )
 
 
 def run(runner: SandboxRunner, launch: Launch, timeout: float = 120) -> tuple[int, str]:
