@@ -1,7 +1,7 @@
 """One world per platform (tests/resources/shared_world.yaml, gloo): cells of 1, 2 and 4
 ranks share one 4-rank world, each in a process group of exactly its own size, and a
-fault stays with its cell: a rank of a small cell blames only that cell; an idle rank's
-death blames no cell (the cell in flight reruns in a fresh world)."""
+fault stays with its cell: a rank of a small cell blames only that cell. (Cells at once
+on disjoint ranks, and a rank's death between cells: tests/worlds/test_slots.py.)"""
 
 from __future__ import annotations
 
@@ -57,19 +57,3 @@ def test_a_crash_in_a_small_cell_blames_only_its_rank_and_cell(tmp_path: Path) -
     assert "exited with code 13" in json.dumps(crash["failures"])
     assert all(by_id[cid("sizes", m)]["status"] == "passed"
                for m in ("1x1", "1x2", "2x1", "2x2"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["fork", "torchrun"])
-def test_an_idle_ranks_death_fails_no_cell(launcher: str, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    proc = run_cli("run", "--matrix", str(RES / "shared_world.yaml"), "-k",
-                   "sizes or kill_idle", "--launcher", launcher, "--out", str(out), "--plain",
-                   "--no-cache")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    by_id = results(out)
-    killer = by_id[cid("kill_idle", "1x1")]
-    # Rerun in a fresh world (the first world died), never failed, not even retried.
-    assert (killer["status"], killer["attempts"]) == ("passed", 1), killer
-    assert len(worlds(out)) == 2
-    assert all(r["status"] == "passed" for r in by_id.values())

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
@@ -24,7 +25,7 @@ from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.outdir import claim_out
 from cpmatrix.run.plan import slot_plan
 from cpmatrix.run.session import run_cells
-from cpmatrix.run.setup import devices_for, prepare_run
+from cpmatrix.run.setup import devices_for, pack_spec, prepare_run
 from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
 from cpmatrix.run.slurm import slurm_missing, slurm_plan, slurm_scheduling, slurm_worlds
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
@@ -87,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
             # how many cuda worlds are in flight (--max-jobs of them at most).
             jobs, devices = options.max_jobs, prepared.devices * options.max_jobs
             worlds = slurm_worlds(prepared.cells, recorded_durations(options, out), jobs)
+        # Under Slurm each world is a job on a node of its own: a cuda world gets the node's
+        # GPUs (--gpus, one node's), here the host's share of --jobs worlds.
+        context = replace(context, pack=pack_spec(
+            options, prepared.platforms.values(), devices=prepared.devices,
+            worlds=1 if options.scheduler == "slurm" else worlds))
+        if options.scheduler == "slurm":
             print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
                   f"--out {out} must be shared with the nodes)", flush=True)
         progress = Progress(force_plain=options.plain)
@@ -145,21 +152,24 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
     durations = recorded_durations(options, out)
     slots = (slurm_worlds(fits, durations, options.max_jobs) if options.scheduler == "slurm"
              else options.jobs)
+    pack = pack_spec(options, platforms.values(), devices=devices,
+                     worlds=1 if options.scheduler == "slurm" else slots)
     plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
                           durations=durations, batch_size=options.batch_size,
-                          keep_order=options.keep_order, mutants=None, worlds=slots))
+                          keep_order=options.keep_order, mutants=None, worlds=slots,
+                          pack=pack))
              for ex in reversed(EXECUTORS)]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     print(f"plan: {len(fits)} cells in {jobs or 'no jobs'} (runner: {options.runner})")
     for ex, batches in plans:
         for b in batches:
             print(ex.describe(b))
-            for c in b.cells:
-                print(f"  {c.id}  timeout={c.timeout_s}s")
+            for line in ex.describe_cells(b):
+                print(line)
     if options.scheduler == "slurm":
-        print(slurm_plan(plans, durations, options.max_jobs))
+        print(slurm_plan(plans, options.max_jobs))
     else:
-        print(slot_plan([b for _, bs in plans for b in bs], durations, options.jobs,
+        print(slot_plan([b for _, bs in plans for b in bs], options.jobs,
                         where="host", unit="jobs", flag="--jobs"))
     if skipped:
         print(f"skipped (not run on this host, reported as skipped): {len(skipped)} cells")

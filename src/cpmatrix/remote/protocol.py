@@ -6,8 +6,9 @@ Standard library only: the worker side (:mod:`~cpmatrix.remote.world_main`,
 A supervisor writes a **job file** and starts the child; the child writes, per cell, a
 **start marker** before the cell runs and an **outcome** (the done marker) after it,
 both atomically, in ``progress/`` and both carrying the run's id; a world's ranks also
-write a **pid file** each. Marker names are ``<cell index>.r<rank>.start|done`` (a compile
-job is rank 0). A file of another run, or one that does not parse as its type, is ignored
+write a **pid file** each, and a **left file** when they exit normally. Marker names are
+``<cell index>.r<rank>.start|done``, the rank counted in the cell (a compile job is rank
+0). A file of another run, or one that does not parse as its type, is ignored
 by the reader (``None``), never mistaken for this run's evidence.
 
 Example::
@@ -35,6 +36,7 @@ __all__ = [
     "CompileJob",
     "Outcome",
     "PidFile",
+    "RankLeft",
     "StartMarker",
     "WorldSpec",
     "marker_name",
@@ -116,7 +118,24 @@ class WorldSpec(_Json):
     pg_timeout_s: float
     pythonpath: list[str]
     project_roots: list[str]
+    #: In the order every rank runs its own cells (by planned start).
     cells: list[CellSpec]
+    #: Per cell, the world ranks it runs on, in its own rank order (empty: ``0..k-1``).
+    placement: list[list[int]] = field(default_factory=list)
+
+    def ranks_of(self, index: int) -> tuple[int, ...]:
+        """The world ranks cell ``index`` runs on; its rank ``r`` is ``ranks_of(i)[r]``.
+
+        >>> w = WorldSpec(name="w", run_id="r", supervisor_pid=1, dir="d", out_root="o",
+        ...     backend="gloo", device="cpu", platform="cpu", pg_timeout_s=60.0,
+        ...     pythonpath=[], project_roots=[], placement=[[4, 5]], cells=[CellSpec(
+        ...     id="c", target="t", case="m:f", rows=1, cols=2, dtype="fp64", out_dir="x")])
+        >>> w.ranks_of(0)
+        (4, 5)
+        """
+        if self.placement:
+            return tuple(self.placement[index])
+        return tuple(range(self.cells[index].world_size))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +151,7 @@ class CompileJob(_Json):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartMarker(_Json):
-    """Written before cell ``index`` runs on ``rank``."""
+    """Written before cell ``index`` runs on ``rank`` (its rank in the cell)."""
 
     index: int
     rank: int
@@ -145,7 +164,8 @@ class StartMarker(_Json):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome(_Json):
-    """What cell ``index`` did on ``rank`` (the done marker), before any cross-rank step."""
+    """What cell ``index`` did on ``rank`` (its rank in the cell; the done marker), before
+    any cross-rank step."""
 
     index: int
     rank: int
@@ -176,6 +196,18 @@ class PidFile(_Json):
     """``rank<R>.pid``: so the supervisor can watch and signal the rank."""
 
     pid: int
+    rank: int
+    run: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankLeft(_Json):
+    """``rank<R>.left``: the rank ran out of cells and is exiting normally (exit 0).
+
+    With cells packed onto ranks, a rank's last cell may end long before the world's:
+    its exit is no fault, and the supervisor must not read it as a dead rank.
+    """
+
     rank: int
     run: str
 

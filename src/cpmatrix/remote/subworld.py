@@ -1,76 +1,120 @@
-"""One launched world, many cell sizes: the process group a cell runs in is its own.
+"""One launched world, many cells at once: each cell's process group is its own.
 
-A world is launched with as many ranks as its largest cell needs (one world per
-platform). A cell of ``k`` ranks runs on ranks ``0..k-1`` in a default process group of
-exactly ``k`` ranks, so a case sees what it would see in a world of its own size:
-``dist.get_world_size() == k``, a mesh over every rank of the group, derived meshes
-(slicing, ``_flatten``) whose ``new_group`` calls involve only the cell's ranks. The
-other ranks sit the cell out, waiting at the supervisor barrier.
+A world is launched with as many ranks as its plan needs (one world per platform; the
+plan is :mod:`cpmatrix.run.packing`'s). Cell ``i`` runs on the world ranks
+``placement[i]`` in a default process group of exactly those ranks, numbered
+``0..k-1`` in that order, so a case sees what it would see in a world of its own size:
+``dist.get_world_size() == k``, ``dist.get_rank()`` its rank in the cell, a mesh over
+every rank of the group, derived meshes (slicing, ``_flatten``) whose ``new_group``
+calls involve only the cell's ranks. Cells on disjoint ranks run at the same time, each
+in its own group; a rank that is in no running cell waits for its next one.
 
-Switching size destroys the current group (and the meshes on it) on every rank and
-re-creates it on the ranks the next cell needs, from the launcher's store under a
-prefix of its own: a group never meets a peer of an earlier group. The planner orders a
-world's cells by size, so a world switches at most once per size (about 10-300 ms each,
-see docs/worlds.md).
+Before a cell, its ranks agree through the launcher's store (never a collective: the
+group does not exist yet), each writing ``<go|stop>:<group id>``:
+
+- any ``stop`` (a rank whose process state could not be restored after an earlier cell
+  runs nothing more) -> every rank of the cell skips it (the supervisor reruns it in a
+  fresh world);
+- every rank already holds the same clean group, made for exactly these ranks -> it is
+  reused (a group costs 10-300 ms to make);
+- else each rank destroys the group it holds and they make a new one from the store
+  under a prefix of this cell's own, so a group never meets a peer of an earlier one.
+
+Every rank of the cell reads the same keys, so they all take the same decision.
 
 Example::
 
     >>> SubWorld.prefix(7)
     'cpmatrix/pg7/'
+    >>> SubWorld.decide(["go:3", "go:3"], held=3, held_ranks=(4, 5), ranks=(4, 5))
+    'reuse'
+    >>> SubWorld.decide(["go:3", "go:-1"], held=3, held_ranks=(4, 5), ranks=(4, 5))
+    'new'
+    >>> SubWorld.decide(["go:3", "stop:3"], held=3, held_ranks=(4, 5), ranks=(4, 5))
+    'skip'
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 __all__ = ["SubWorld"]
 
+Decision = Literal["reuse", "new", "skip"]
+
 
 class SubWorld:
-    """The default process group of the cells of one size; re-made when the size changes."""
+    """The default process group of this rank's current cell; re-made when its ranks change."""
 
-    def __init__(self, *, rank: int, backend: str, store: Any,
-                 timeout: datetime.timedelta) -> None:
+    def __init__(self, *, rank: int, backend: str, store: Any, timeout: datetime.timedelta,
+                 device: str = "cpu") -> None:
         self.rank = rank
         self.backend = backend
         self.store = store
         self.timeout = timeout
-        #: Ranks of the current group (0: none yet).
-        self.size = 0
+        self.device = device
+        #: Index of the cell whose agreement made the group this rank holds (-1: none).
+        self.held = -1
+        #: World ranks of the held group, in group-rank order.
+        self.held_ranks: tuple[int, ...] = ()
+        #: A cell on the held group failed: its collectives may be out of step.
+        self.dirty = False
 
     @staticmethod
     def prefix(index: int) -> str:
         """The store prefix of the group made for cell ``index`` (unique in the world)."""
         return f"cpmatrix/pg{index}/"
 
-    def member(self) -> bool:
-        """This rank runs the current size's cells (else it sits them out)."""
-        return self.rank < self.size
+    @staticmethod
+    def decide(values: Sequence[str], *, held: int, held_ranks: tuple[int, ...],
+               ranks: tuple[int, ...]) -> Decision:
+        """The decision every rank of a cell takes from the same agreement values."""
+        if any(not v.startswith("go:") for v in values):
+            return "skip"
+        ids = {v.partition(":")[2] for v in values}
+        if ids == {str(held)} and held >= 0 and held_ranks == ranks:
+            return "reuse"
+        return "new"
 
-    def switch(self, size: int, index: int, forget: Callable[[], None]) -> bool:
-        """Make the group of ``size`` ranks current; False when it already was.
+    def agree(self, index: int, ranks: tuple[int, ...], *, stop: bool,
+              wait: datetime.timedelta) -> Decision:
+        """Write this rank's word for cell ``index`` and read its peers' (store only)."""
+        local = ranks.index(self.rank)
+        held = -1 if self.dirty else self.held
+        mine = f"{'stop' if stop else 'go'}:{held}"
+        self.store.set(f"cpmatrix/{index}/ready/r{local}", mine)
+        if stop:
+            return "skip"
+        keys = [f"cpmatrix/{index}/ready/r{r}" for r in range(len(ranks))]
+        self.store.wait(keys, wait)
+        values = [self.store.get(k).decode() for k in keys]
+        return self.decide(values, held=held, held_ranks=self.held_ranks, ranks=ranks)
+
+    def switch(self, index: int, ranks: tuple[int, ...], forget: Callable[[], None]) -> None:
+        """Drop the held group and make cell ``index``'s over ``ranks`` with its peers.
 
         ``forget`` drops what lives on the old group (cached meshes, DTensor caches)
-        before it is destroyed. Every rank of the world calls this for every cell, in
-        the same order, so the members create their group together.
+        before it is destroyed.
         """
-        if size == self.size:
-            return False
         import torch.distributed as dist
 
         forget()
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.size = size
+        self.held, self.held_ranks, self.dirty = -1, (), False
+        local, size = ranks.index(self.rank), len(ranks)
         # What a case reads of its world, as torchrun would have set it for `size` ranks.
+        # LOCAL_RANK stays the device index on a GPU (a case may pick its device by it).
         os.environ["WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"] = str(size)
-        if self.rank < size:
-            dist.init_process_group(
-                backend=self.backend,
-                store=dist.PrefixStore(  # type: ignore[attr-defined]  # public, not in stubs
-                    self.prefix(index), self.store),
-                rank=self.rank, world_size=size, timeout=self.timeout)
-        return True
+        os.environ["RANK"] = str(local)
+        if self.device != "cuda":
+            os.environ["LOCAL_RANK"] = str(local)
+        dist.init_process_group(
+            backend=self.backend,
+            store=dist.PrefixStore(  # type: ignore[attr-defined]  # public, not in stubs
+                self.prefix(index), self.store),
+            rank=local, world_size=size, timeout=self.timeout)
+        self.held, self.held_ranks = index, ranks

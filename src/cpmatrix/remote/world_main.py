@@ -1,4 +1,4 @@
-"""The code that runs inside torchrun: one process group, many cells.
+"""The code each rank of a world runs: many cells, several at once on disjoint ranks.
 
 Usage (the supervisor builds this command)::
 
@@ -11,11 +11,16 @@ cheap and a crash here is easy to read.
 The files it reads and writes are the typed ones of :mod:`cpmatrix.remote.protocol`: the
 :class:`~cpmatrix.remote.protocol.WorldSpec` job file; per rank a
 :class:`~cpmatrix.remote.protocol.PidFile` and its log (``rank<R>.log``, stdout+stderr);
-per cell and rank a :class:`~cpmatrix.remote.protocol.StartMarker` *before* the cell runs
-and an :class:`~cpmatrix.remote.protocol.Outcome` *before* any cross-rank step after it.
-After each cell the process state is restored (:mod:`cpmatrix.remote.isolation`); when a
-case changed what cannot be restored, every rank leaves the loop after the barrier and
-exits 0, and the supervisor runs the remaining cells in a fresh world.
+per cell and rank (the rank *in the cell*) a :class:`~cpmatrix.remote.protocol.StartMarker`
+*before* the cell runs and an :class:`~cpmatrix.remote.protocol.Outcome` *before* any
+cross-rank step after it.
+
+Each rank runs the cells placed on it (``WorldSpec.placement``, planned by
+:mod:`cpmatrix.run.packing`) in the world file's order, each in a process group of the
+cell's own ranks (:mod:`cpmatrix.remote.subworld`). After each cell the process state is
+restored (:mod:`cpmatrix.remote.isolation`); when a case changed what cannot be restored,
+that process runs no more cells: it tells the peers of each of its remaining cells to skip
+it, then exits 0, and the supervisor runs the skipped cells in a fresh world.
 
 The world group is never used by cases: each cell gets a fresh DeviceMesh whose groups
 are destroyed in ``finally``, so a half-finished collective of one cell can never be
@@ -49,6 +54,7 @@ from cpmatrix.remote.protocol import (
     CellSpec,
     Outcome,
     PidFile,
+    RankLeft,
     StartMarker,
     WorldSpec,
     marker_name,
@@ -226,14 +232,13 @@ def run_cell(
     return outcome, mesh
 
 
-def _barrier(
-    store: Any, index: int, rank: int, world_size: int, timeout_s: float, status: str
-) -> tuple[bool, bool]:
-    """Wait until every rank wrote its outcome for cell ``index``.
+def _barrier(store: Any, index: int, rank: int, size: int, timeout_s: float,
+             status: str) -> bool:
+    """Wait until every rank of cell ``index`` (``rank``: this one's in the cell) wrote
+    its outcome; True when every one of them was ok.
 
     ``status`` is ``ok``, ``error`` or ``recycle`` (the process state cannot be
-    restored). Returns (every rank ok, some rank asks to recycle the world): all ranks
-    read the same keys, so they all take the same decision.
+    restored). All the cell's ranks read the same keys, so they take the same decision.
 
     Uses the rendezvous TCPStore, never a collective: a collective here could be
     matched with one a peer is still blocked in inside the case.
@@ -241,10 +246,9 @@ def _barrier(
     import datetime as _dt
 
     store.set(f"cpmatrix/{index}/r{rank}", status)
-    keys = [f"cpmatrix/{index}/r{r}" for r in range(world_size)]
+    keys = [f"cpmatrix/{index}/r{r}" for r in range(size)]
     store.wait(keys, _dt.timedelta(seconds=timeout_s))
-    seen = [store.get(k) for k in keys]
-    return all(v == b"ok" for v in seen), any(v == b"recycle" for v in seen)
+    return all(store.get(k) == b"ok" for k in keys)
 
 
 def _fix_sys_path(pythonpath: list[str]) -> None:
@@ -337,12 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     if world.device == "cuda":
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=world.pg_timeout_s)
-    world_size = int(os.environ["WORLD_SIZE"])  # the launched ranks: the largest cell's
     store = dist.TCPStore(  # type: ignore[attr-defined]  # public, not re-exported in stubs
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
         timeout=timeout,
     )
-    group = SubWorld(rank=rank, backend=world.backend, store=store, timeout=timeout)
+    group = SubWorld(rank=rank, backend=world.backend, store=store, timeout=timeout,
+                     device=world.device)
+    # A rank may wait for its next cell while its peers run several others: the sum of
+    # the world's timeouts bounds that (the supervisor's own per-cell timeouts come first).
+    wait = datetime.timedelta(
+        seconds=world.pg_timeout_s + sum(c.timeout_s for c in world.cells))
     meshes: dict[tuple[int, int], Any] = {}
 
     def forget_meshes() -> None:
@@ -354,54 +362,61 @@ def main(argv: list[str] | None = None) -> int:
     dumper = _StackDumper(world_dir / "dump.request")
     threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
     isolation = CellIsolation(project_roots=world.project_roots)
+    # Set once a cell changed what cannot be restored: this process runs no more cells,
+    # it only tells the peers of its remaining cells to skip them (they rerun elsewhere).
+    tainted = False
     try:
         for index, spec in enumerate(world.cells):
+            ranks = world.ranks_of(index)
+            if rank not in ranks:
+                continue
+            local = ranks.index(rank)
+            # Waiting for this cell's peers: a stack dump asked for now is not the cell's.
+            dumper.switch(world_dir / f"rank{rank}.idle-stacks.txt")
             # Before the start marker: a group that cannot form is the world's fault,
             # never the cell's (the supervisor reruns the cell in a fresh world).
-            if group.switch(spec.world_size, index, forget_meshes):
-                isolation.rebase_world()  # the new group is what a case must not touch
-            if not group.member():
-                # Sitting this cell out: a stack dump asked for now is not the cell's.
-                dumper.switch(world_dir / f"rank{rank}.idle-stacks.txt")
-                _, recycle = _barrier(store, index, rank, world_size, world.pg_timeout_s,
-                                      "ok")
-                if recycle:
-                    break
+            decision = group.agree(index, ranks, stop=tainted, wait=wait)
+            if decision == "skip":
                 continue
-            cell_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
+            if decision == "new":
+                group.switch(index, ranks, forget_meshes)
+                isolation.rebase_world()  # the new group is what a case must not touch
+            cell_dir = Path(world.out_root, spec.out_dir, f"rank{local}")
             cell_dir.mkdir(parents=True, exist_ok=True)
             # On timeout the supervisor asks for stacks: they land in the cell's folder.
             dumper.switch(cell_dir / "stacks.txt")
-            write_typed(progress / marker_name(index, rank, "start"), StartMarker(
-                index=index, rank=rank, id=spec.id, run=world.run_id, time=time.time(),
+            write_typed(progress / marker_name(index, local, "start"), StartMarker(
+                index=index, rank=local, id=spec.id, run=world.run_id, time=time.time(),
                 log_offset=_log_offset()))
             isolation.before_cell()
-            outcome, mesh = run_cell(world, index, spec, rank, meshes)
+            outcome, mesh = run_cell(world, index, spec, local, meshes)
             problems = isolation.after_cell()
             if problems:
                 outcome = _blame_state(outcome, problems)
             outcome = dataclasses.replace(outcome, log_end=_log_offset(), end_time=time.time())
-            write_typed(progress / marker_name(index, rank, "done"), outcome)
+            write_typed(progress / marker_name(index, local, "done"), outcome)
             t_b = time.perf_counter()
             status = "recycle" if problems else ("ok" if outcome.ok else "error")
-            clean, recycle = _barrier(store, index, rank, world_size, world.pg_timeout_s,
-                                      status)
+            clean = _barrier(store, index, local, len(ranks), world.pg_timeout_s, status)
             t_d = time.perf_counter()
-            if recycle:
+            if problems:
                 # What the case changed cannot be undone here: no later cell may run in
-                # this process. Every rank leaves; the supervisor starts a fresh world.
-                break
+                # this process (the supervisor reruns them in a fresh world).
+                tainted = True
             shape = (spec.rows, spec.cols)
             if mesh is not None and clean:
                 # Every rank passed: no collective can be pending on this mesh, so the
-                # next cell of this shape reuses it (a mesh costs ~25-40 ms on 9 ranks).
+                # next cell of this shape on this group reuses it (~25-40 ms on 9 ranks).
                 meshes[shape] = mesh
-            elif mesh is not None:
+            else:
                 # A failed cell may have left half-done collectives: its mesh goes, and
-                # DTensor's caches with it (they would resolve the destroyed groups).
-                meshes.pop(shape, None)
-                _destroy_mesh(mesh)
-                _clear_dtensor_caches()
+                # DTensor's caches with it (they would resolve the destroyed groups);
+                # the group itself is made afresh for the next cell.
+                group.dirty = True
+                if mesh is not None:
+                    meshes.pop(shape, None)
+                    _destroy_mesh(mesh)
+                    _clear_dtensor_caches()
             if os.environ.get("CPMATRIX_PROFILE"):
                 print(f"PROFILE barrier={1000*(t_d-t_b):.1f}ms "
                       f"teardown={1000*(time.perf_counter()-t_d):.1f}ms "
@@ -415,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             print(f"cpmatrix worker: destroy_process_group failed: {exc!r}", file=sys.stderr)
         kill_all(descendants(os.getpid()))  # whatever the cases started dies with the rank
+    # Out of cells, maybe long before the other ranks: an exit the supervisor expects.
+    write_typed(world_dir / f"rank{rank}.left", RankLeft(rank=rank, run=world.run_id))
     return 0
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.runners.base import Runner
 
 __all__ = ["RunContext"]
@@ -52,6 +53,10 @@ class RunContext:
     teardown_grace_s: float = 20.0
     #: After a rank died, how long torchrun may take to tear the world down itself.
     dead_rank_grace_s: float = 3.0
+    #: How a world places its cells on its ranks (slots or serial; ranks per world).
+    pack: PackSpec = field(default_factory=PackSpec)
+    #: Expected seconds per cell id (recorded durations) that worlds are packed by.
+    durations: Mapping[str, float] = field(default_factory=dict)
     #: The compile cache of spill cells (None: compile everything).
     compile_cache: Path | None = None
     #: The environment the hermetic allow-list is read from.

@@ -26,10 +26,12 @@ from typing import Any
 from cpmatrix.errors import UsageError
 from cpmatrix.run.balance import parse_shard
 
-__all__ = ["LAUNCHERS", "RunOptions", "add_run_arguments"]
+__all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_run_arguments"]
 
 #: How a world's ranks are started (see docs/worlds.md for the measured choice).
 LAUNCHERS = ("fork", "torchrun")
+#: How a world places its cells on its ranks (see docs/worlds.md).
+PACKINGS = ("slots", "serial")
 
 
 def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
@@ -55,6 +57,14 @@ class RunOptions:
         "--launcher", "how a local world's ranks start: fork (one parent imports torch "
         "once, then forks the ranks) or torchrun (default: %(default)s)",
         choices=LAUNCHERS))
+    pack: str = field(default="slots", metadata=_flag(
+        "--pack", "how a world runs its cells: slots (cells on disjoint ranks at once, "
+        "each in a process group of its own ranks, packed widest and longest first) or "
+        "serial (one cell at a time) (default: %(default)s)", choices=PACKINGS))
+    world_ranks: int | None = field(default=None, metadata=_flag(
+        "--world-ranks", "ranks each world launches, for cells to run side by side on "
+        "(default: the widest cell's on cpu; on cuda the GPUs per world: all visible, "
+        "shared by --jobs)", metavar="N", type=int))
     mutants: bool = field(default=False, metadata=_flag(
         "--mutants", "also run each cell once per declared mutant; a surviving mutant fails",
         action="store_true"))
@@ -133,6 +143,10 @@ class RunOptions:
         if self.launcher not in LAUNCHERS:
             raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
                              f"got {self.launcher!r}")
+        if self.pack not in PACKINGS:
+            raise UsageError(f"--pack must be one of {', '.join(PACKINGS)}, got {self.pack!r}")
+        if self.world_ranks is not None and self.world_ranks < 1:
+            raise UsageError(f"--world-ranks must be >= 1, got {self.world_ranks}")
         if self.gpus is not None and self.gpus < 0:
             raise UsageError(f"--gpus must be >= 0, got {self.gpus}")
         for f in dataclasses.fields(self):

@@ -1,13 +1,15 @@
 """Planning: cells -> batches of worlds. Pure; no processes, no torch.
 
-Cells are grouped by platform: one world per platform, with the ranks of its largest
-cell; a smaller cell runs on the first ranks in a process group of its own size (see
-:mod:`cpmatrix.remote.subworld`). Within a world, cells are ordered by size, largest
-first (a world switches its group once per size), then longest-first by the durations
-recorded in earlier runs (else by timeout), then cut into batches of ``batch_size``
-cells (default: one batch per platform, i.e. one world). ``worlds=N`` (``--jobs N``, or
-``--max-jobs N`` under Slurm) first splits each platform's cells into N worlds that run at
-once, balanced longest-first onto the least-loaded world by the same expected seconds.
+Cells are grouped by platform: one world per platform, with the ranks of its widest
+cell (or more: ``--world-ranks``, a GPU host's devices); each cell runs on a set of the
+world's ranks in a process group of its own size (see :mod:`cpmatrix.remote.subworld`),
+cells on disjoint ranks at once, as :mod:`cpmatrix.run.packing` places them. Within a
+world, cells are ordered by size, largest first, then longest-first by the durations
+recorded in earlier runs (else by timeout): the packing's priority. They are then cut
+into batches of ``batch_size`` cells (default: one batch per platform, i.e. one world).
+``worlds=N`` (``--jobs N``, or ``--max-jobs N`` under Slurm) first splits each platform's
+cells into N worlds that run at once, balanced longest-first onto the least-loaded world
+by the same expected seconds.
 
 Example::
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.run.balance import balance
+from cpmatrix.run.packing import Packing, PackSpec
 
 __all__ = ["Batch", "DevicePool", "expected_s", "fit_to_devices", "plan_batches",
            "slot_plan", "world_weights"]
@@ -37,7 +40,7 @@ __all__ = ["Batch", "DevicePool", "expected_s", "fit_to_devices", "plan_batches"
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Cells that share one world (same platform); ``world_size``: its largest cell's."""
+    """Cells that share one world (same platform); ``world_size``: the ranks it launches."""
 
     name: str
     platform: str
@@ -45,6 +48,11 @@ class Batch:
     cells: tuple[Cell, ...]
     #: Mutant per cell (parallel to ``cells``), empty string for a normal run.
     mutants: tuple[str, ...] = ()
+    #: Where and when each cell runs in the world (parallel to ``cells``); None when the
+    #: executor does not pack (a compile job).
+    packing: Packing | None = None
+    #: Expected seconds of the whole batch: the packing's makespan, else the cells' sum.
+    expected_s: float = 0.0
 
     def mutant_of(self, i: int) -> str:
         return self.mutants[i] if self.mutants else ""
@@ -58,9 +66,10 @@ def plan_batches(
     mutants: Mapping[str, Sequence[str]] | None = None,
     keep_order: bool = False,
     worlds: int = 1,
+    pack: PackSpec | None = None,
 ) -> list[Batch]:
     """Group by platform, split into ``worlds`` balanced worlds, order each
-    largest-then-longest first and cut into batches.
+    largest-then-longest first, cut into batches and pack each (``pack``).
 
     ``mutants`` maps a cell id to the mutants to run it with: each becomes its own
     entry in the batch (the cell run once per mutant, with that mutant switched on).
@@ -90,7 +99,11 @@ def plan_batches(
             size = batch_size if batch_size and batch_size > 0 else len(entries)
             for start in range(0, len(entries), size):
                 chunk = entries[start : start + size]
-                world_size = max(c.world_size for c, _ in chunk)
+                times = [expected(e) for e in chunk]
+                packing = None if pack is None else pack.plan(
+                    platform, [c.world_size for c, _ in chunk], times)
+                world_size = (packing.ranks if packing is not None
+                              else max(c.world_size for c, _ in chunk))
                 batches.append(
                     Batch(
                         name=f"{platform}-w{world_size}-b{count}",
@@ -98,6 +111,8 @@ def plan_batches(
                         world_size=world_size,
                         cells=tuple(c for c, _ in chunk),
                         mutants=tuple(m for _, m in chunk) if mutants else (),
+                        packing=packing,
+                        expected_s=packing.makespan if packing is not None else sum(times),
                     )
                 )
                 count += 1
@@ -123,22 +138,24 @@ def expected_s(cell: Cell, durations: Mapping[str, float]) -> float:
     return known if known is not None else float(cell.timeout_s) / 60.0
 
 
-def world_weights(batches: Iterable[tuple[str, Sequence[Cell]]],
-                  durations: Mapping[str, float]) -> dict[str, float]:
-    """Batch name -> its expected seconds (the sum of its cells'), for the balancer.
+def world_weights(batches: Iterable[Batch]) -> dict[str, float]:
+    """Batch name -> its expected seconds (its packing's makespan), for the balancer.
 
     >>> from cpmatrix.matrix.schema import Cell, Mesh
-    >>> c = Cell(id="a", target="t", case="m:f", kind="parity", level="unit",
-    ...     mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False, path="reference",
-    ...     params=(), platform="cpu", timeout_s=60, tags=())
-    >>> world_weights([("w0", [c, c])], {"a": 2.5})
-    {'w0': 5.0}
+    >>> def c(i): return Cell(id=f"a{i}", target="t", case="m:f", kind="parity",
+    ...     level="unit", mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False,
+    ...     path="reference", params=(), platform="cpu", timeout_s=60, tags=())
+    >>> world_weights(plan_batches([c(1), c(2)], durations={"a1": 2.5, "a2": 1.0}))
+    {'cpu-w1-b0': 3.5}
+    >>> world_weights(plan_batches([c(1), c(2)], durations={"a1": 2.5, "a2": 1.0},
+    ...                            pack=PackSpec(ranks=(("cpu", 2),))))
+    {'cpu-w2-b0': 2.5}
     """
-    return {name: sum(expected_s(c, durations) for c in cells) for name, cells in batches}
+    return {b.name: b.expected_s for b in batches}
 
 
-def slot_plan(batches: Sequence[Batch], durations: Mapping[str, float], slots: int, *,
-              where: str, unit: str, flag: str) -> str:
+def slot_plan(batches: Sequence[Batch], slots: int, *, where: str, unit: str,
+              flag: str) -> str:
     """``--dry-run``'s schedule: the batches on ``slots`` slots, longest first, and the
     expected makespan (recorded durations; a sixtieth of the timeout where unknown).
 
@@ -149,12 +166,12 @@ def slot_plan(batches: Sequence[Batch], durations: Mapping[str, float], slots: i
     >>> c = Cell(id="a", target="t", case="m:f", kind="parity", level="unit",
     ...     mesh=Mesh.parse("1x1"), dtype="fp64", autocast=False, path="reference",
     ...     params=(), platform="cpu", timeout_s=60, tags=())
-    >>> print(slot_plan(plan_batches([c]), {"a": 2.0}, 4, where="host", unit="worlds",
-    ...                 flag="--jobs"))
+    >>> print(slot_plan(plan_batches([c], durations={"a": 2.0}), 4, where="host",
+    ...                 unit="worlds", flag="--jobs"))
     host: 1 worlds on 1 slots (--jobs 4); expected makespan 2.0 s (serial 2.0 s)
       slot 1: 2.0 s: cpu-w1-b0
     """
-    weights = world_weights([(b.name, b.cells) for b in batches], durations)
+    weights = world_weights(batches)
     if not weights:
         return f"{where}: no jobs"
     plan = balance(weights, min(slots, len(weights)))

@@ -40,7 +40,7 @@ from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import EXECUTORS, Executor, Job, executor_for
-from cpmatrix.run.plan import DevicePool, world_weights
+from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, interpret_mutant
 from cpmatrix.run.stopping import Stopper, StopRequested
 
@@ -153,26 +153,28 @@ def run_cells(
     # A previous run's worlds and cell folders would be read as this run's progress.
     for stale in ("worlds", "cells", "spill"):
         shutil.rmtree(out / stale, ignore_errors=True)
-    session = _Session(context, platforms, jobs=jobs, devices=devices, store=store,
-                       on_result=on_result, wrap_job=wrap_job)
     # --durations (an earlier release's) first; this folder's own records win over it.
     durations = {**(recorded or {}), **load_durations(out)}
+    # Worlds pack their cells onto their ranks by these (a handed-back rest included).
+    context = replace(context, durations=durations)
+    session = _Session(context, platforms, jobs=jobs, devices=devices, store=store,
+                       on_result=on_result, wrap_job=wrap_job)
     cached = cached or {}
     hits = [c for c in cells if c.id in cached and not mutants]
     todo = [c for c in cells if not (c.id in cached and not mutants)]
+    weights: dict[str, float] = {}
     for executor in EXECUTORS:
         mine = [c for c in todo if executor_for(c.kind) is executor]
         for b in executor.plan(mine, durations=durations, batch_size=batch_size,
                                keep_order=keep_order,
-                               worlds=jobs if worlds is None else worlds,
+                               worlds=jobs if worlds is None else worlds, pack=context.pack,
                                mutants=mutants if executor.supports_mutants else None):
+            weights[b.name] = b.expected_s
             entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
             session.planned.extend(entries)
             session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
             session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
     if wrap_job is not None:
-        weights = world_weights([(i.batch, [e.cell for e in i.entries]) for i in session.queue],
-                                durations)
         session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
     if on_start is not None:
         on_start(len(session.planned) + len(hits))
@@ -308,7 +310,7 @@ class _Session:
         """Start the next queued job; False when it must wait for devices."""
         item = self.queue[0]
         platform = self.platforms[item.entries[0].cell.platform]
-        need = item.executor.devices_needed(item.entries, platform)
+        need = item.executor.devices_needed(item.entries, platform, self.context.pack)
         devs: tuple[int, ...] = ()
         if need:
             taken = self.pool.take(need)

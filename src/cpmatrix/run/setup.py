@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +32,12 @@ from cpmatrix.run.executors import executor_for
 from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
+from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import fit_to_devices
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
 from cpmatrix.run.toolchain import interpreter_identity
 
-__all__ = ["PreparedRun", "devices_for", "make_context", "prepare_run"]
+__all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
 
 Store = Callable[[Cell, Result], None]
 
@@ -74,6 +75,33 @@ def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
         fits, skipped = fit_to_devices(cells, need=need, devices=devices)
         return devices, fits, skipped, needs
     return devices, list(cells), [], needs
+
+
+def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: int,
+              worlds: int) -> PackSpec:
+    """How the run's worlds place cells on their ranks (``--pack``, ``--world-ranks``).
+
+    A cuda world gets the GPUs of its share of the host (``devices // worlds``; under
+    Slurm, ``devices`` is one node's and ``worlds`` 1), so narrow cells run side by
+    side on them; ``--world-ranks`` asks for more (cpu) or fewer ranks.
+
+    >>> from cpmatrix.matrix.schema import Platform
+    >>> cpu = Platform(name="cpu", backend="gloo", device="cpu")
+    >>> gpu = Platform(name="cuda", backend="nccl", device="cuda")
+    >>> pack_spec(RunOptions(), [cpu, gpu], devices=8, worlds=2)
+    PackSpec(serial=False, ranks=(('cuda', 4),))
+    >>> pack_spec(RunOptions(pack="serial", world_ranks=16), [cpu, gpu], devices=8, worlds=1)
+    PackSpec(serial=True, ranks=(('cpu', 16), ('cuda', 8)))
+    """
+    ranks: list[tuple[str, int]] = []
+    for p in platforms:
+        if p.device == "cuda":
+            share = max(1, devices // max(1, worlds))
+            want = share if options.world_ranks is None else min(options.world_ranks, share)
+            ranks.append((p.name, want))
+        elif options.world_ranks is not None:
+            ranks.append((p.name, options.world_ranks))
+    return PackSpec(serial=options.pack == "serial", ranks=tuple(ranks))
 
 
 def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,

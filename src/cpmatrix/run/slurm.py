@@ -381,9 +381,8 @@ def slurm_worlds(cells: Sequence[Cell], durations: Mapping[str, float], max_jobs
     return max(1, min(max_jobs, math.ceil(work / MIN_JOB_S)))
 
 
-def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]],
-               durations: Mapping[str, float], max_jobs: int) -> str:
+def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]], max_jobs: int) -> str:
     """``--dry-run`` with Slurm: the worlds on ``max_jobs`` job slots, longest first, and
     the expected makespan (see :func:`cpmatrix.run.plan.slot_plan`)."""
-    return slot_plan([b for _, bs in plans for b in bs], durations, max_jobs,
+    return slot_plan([b for _, bs in plans for b in bs], max_jobs,
                      where="slurm", unit="jobs (one per world)", flag="--max-jobs")

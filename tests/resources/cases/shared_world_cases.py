@@ -1,8 +1,6 @@
 """Cases for tests/resources/shared_world.yaml: cells of several sizes in one world."""
 
-import json
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,22 +25,3 @@ def crash_rank1(cell):
     if cell.rank == 1:
         os._exit(13)
     dist.all_reduce(t)
-
-
-def kill_idle_rank(cell):
-    """Rank 0 of a 1x1 cell kills the world's last rank (sitting this cell out), once.
-
-    The world's folder is the launcher's working directory; its ``rank<N>.pid`` files
-    name the ranks."""
-    once = Path(cell.out_dir).parent / "killed-once"
-    if once.exists():
-        return
-    once.write_text("")
-    world = Path(os.getcwd())
-    last = max(int(p.name[4:-4]) for p in world.glob("rank*.pid"))
-    pid = json.loads((world / f"rank{last}.pid").read_text())["pid"]
-    cell.record("killed_rank", last)
-    os.kill(pid, 9)
-    dist.barrier()  # the world goes down around this rank; it must not blame the cell
-    import time
-    time.sleep(60)

@@ -12,7 +12,7 @@ from typing import Final
 
 from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.executors.compile import CompileExecutor
-from cpmatrix.run.executors.world import WorldExecutor
+from cpmatrix.run.executors.world_executor import WorldExecutor
 
 __all__ = ["EXECUTORS", "Executor", "Job", "executor_for"]
 

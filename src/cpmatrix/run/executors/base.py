@@ -21,6 +21,7 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
+from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import Batch
 
 __all__ = ["Executor", "Job"]
@@ -76,11 +77,14 @@ class Executor(Protocol):
 
     def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
              batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1) -> list[Batch]:
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
+             pack: PackSpec | None = None) -> list[Batch]:
         """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches;
-        ``worlds``: how many of them may run at once (``--jobs``), to balance over."""
+        ``worlds``: how many of them may run at once (``--jobs``), to balance over;
+        ``pack``: how a world places its cells on its ranks (ignored where no world)."""
 
-    def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
+    def devices_needed(self, entries: Sequence[Entry], platform: Platform,
+                       pack: PackSpec | None = None) -> int:
         """cuda devices the job of ``entries`` holds while it runs (0: none)."""
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
@@ -89,6 +93,9 @@ class Executor(Protocol):
 
     def describe(self, batch: Batch) -> str:
         """One line for ``--dry-run``: what the batch's job is."""
+
+    def describe_cells(self, batch: Batch) -> list[str]:
+        """``--dry-run``'s lines for the batch's cells, in the order they run."""
 
     def cache_identity(self) -> dict[str, str]:
         """What else a cached pass of this executor's cells depends on (a compiler's

@@ -31,7 +31,8 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress
 from cpmatrix.run.executors.world import cell_spec
-from cpmatrix.run.plan import Batch
+from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.plan import Batch, expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
 
@@ -185,14 +186,17 @@ class CompileExecutor:
 
     def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
              batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1) -> list[Batch]:
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
+             pack: PackSpec | None = None) -> list[Batch]:
         # one compile job: its cells are seconds each, cached by digest
         if not cells:
             return []
         return [Batch(name="spill", platform=cells[0].platform, world_size=1,
-                      cells=tuple(cells))]
+                      cells=tuple(cells),
+                      expected_s=sum(expected_s(c, durations) for c in cells))]
 
-    def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
+    def devices_needed(self, entries: Sequence[Entry], platform: Platform,
+                       pack: PackSpec | None = None) -> int:
         return 0
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
@@ -202,6 +206,9 @@ class CompileExecutor:
     def describe(self, batch: Batch) -> str:
         return (f"spill gates (compiled in one subprocess, no world): "
                 f"{len(batch.cells)} cells")
+
+    def describe_cells(self, batch: Batch) -> list[str]:
+        return [f"  {c.id}  timeout={c.timeout_s}s" for c in batch.cells]
 
     def cache_identity(self) -> dict[str, str]:
         # A spill cell's numbers depend on the Triton version (and so its ptxas).

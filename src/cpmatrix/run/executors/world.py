@@ -1,8 +1,10 @@
-"""The world executor: torchrun worlds running parity and property cells, watched.
+"""A world job: one launch of ranks running parity and property cells, watched.
 
-A :class:`WorldRun` is one torchrun launch of some cells. It is polled; it never blocks.
-It reads the ranks' typed start markers and outcomes (:mod:`cpmatrix.remote.protocol`),
-watches the rank pids, and decides:
+A :class:`WorldRun` is one launch (fork launcher or torchrun) of some cells, packed onto
+its ranks (:mod:`cpmatrix.run.packing`: cells on disjoint ranks run at once, each in a
+process group of its own ranks). It is polled; it never blocks. It reads the ranks'
+typed start markers and outcomes (:mod:`cpmatrix.remote.protocol`, ranks counted in the
+cell), watches the rank pids (world ranks), and decides, per cell in flight:
 
 - all ranks wrote an outcome for a cell -> that cell's result (passed/failed);
 - some rank failed a cell and the others did not finish it within ``abort_grace_s``
@@ -10,12 +12,13 @@ watches the rank pids, and decides:
   the cell fails with kind ``error`` naming the failing rank(s);
 - a cell ran past its timeout -> every rank's Python stacks are dumped (SIGUSR1 +
   faulthandler) into the cell's folder, the world is killed, kind ``timeout``;
-- a rank died -> kind ``crash`` for the cell it was running, naming that rank and
-  its exit status;
+- a rank died -> kind ``crash`` for the cell it was running (its last started one),
+  naming that rank and its exit status; a rank that died between cells fails none;
 - the world never started (port clash, torch missing, disk full) -> ``start_failed``.
 
-Cells after the faulty one are handed back to be run in a fresh world, so no cell is
-reported failed because of another cell's fault. Every file read carries the run's id;
+Every other unfinished cell, the ones running beside the faulty one on other ranks
+included, is handed back to be run in a fresh world, so no cell is reported failed
+because of another cell's fault. Every file read carries the run's id;
 when a world ends, every process carrying its token is killed.
 """
 
@@ -29,8 +32,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, tail_lines
-from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.protocol import CellSpec, Outcome, PidFile, WorldSpec, read_typed, write_typed
+from cpmatrix.matrix.schema import Platform
+from cpmatrix.remote.protocol import (
+    CellSpec,
+    Outcome,
+    PidFile,
+    RankLeft,
+    WorldSpec,
+    read_typed,
+    write_typed,
+)
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -47,10 +58,10 @@ from cpmatrix.run.executors.launch import (
     free_port,
     launcher_argv,
 )
-from cpmatrix.run.plan import Batch, plan_batches
+from cpmatrix.run.plan import expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 
-__all__ = ["WorldExecutor", "WorldRun", "cell_spec"]
+__all__ = ["WorldRun", "cell_spec"]
 
 
 def cell_spec(entry: Entry) -> CellSpec:
@@ -94,13 +105,25 @@ class WorldRun:
                  context: RunContext, devices: tuple[int, ...] = ()) -> None:
         assert entries, "a world needs at least one cell"
         self.name = name
-        self.entries = list(entries)
         self.platform = platform
         self.context = context
         self.devices = devices
-        #: Ranks launched: the largest cell's. A smaller cell runs on ranks 0..k-1 in a
-        #: process group of its own size (:mod:`cpmatrix.remote.subworld`).
-        self.world_size = max(e.cell.world_size for e in entries)
+        # The packing's priority: widest, then longest first (serial: as planned, which
+        # is matrix order with --keep-order). Handed-back cells are re-packed the same way.
+        ordered = list(entries)
+        if not context.pack.serial:
+            ordered.sort(key=lambda e: (-e.cell.world_size,
+                                        -expected_s(e.cell, context.durations)))
+        packing = context.pack.plan(
+            platform.name, [e.cell.world_size for e in ordered],
+            [expected_s(e.cell, context.durations) for e in ordered])
+        #: In the order every rank runs its own cells (by planned start).
+        self.entries = [ordered[i] for i in packing.order]
+        #: Per entry, the world ranks it runs on; its rank r is world rank placement[i][r].
+        self.placement = [packing.slots[i].ranks for i in packing.order]
+        #: Ranks launched; each cell runs in a process group of its own ranks only
+        #: (:mod:`cpmatrix.remote.subworld`), cells on disjoint ranks at once.
+        self.world_size = packing.ranks
         self.dir = context.out_root / "worlds" / name
         self.progress = Progress(self.dir / "progress", context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
@@ -114,6 +137,8 @@ class WorldRun:
         self._reported: set[int] = set()
         self._pids: dict[int, int] = {}
         self._dead: dict[int, tuple[float, str]] = {}
+        #: Ranks that ran out of cells and exited normally (their exit is no fault).
+        self._left: set[int] = set()
         self._first_error_at: dict[int, float] = {}
         self._done_at: float | None = None
 
@@ -139,6 +164,7 @@ class WorldRun:
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
                 cells=[cell_spec(e) for e in self.entries],
+                placement=[list(p) for p in self.placement],
             )
             world_file = self.dir / "world.json"
             write_typed(world_file, world)
@@ -189,6 +215,10 @@ class WorldRun:
                 pid = read_typed(self.dir / f"rank{r}.pid", PidFile, run=self.context.run_id)
                 if pid is not None:
                     self._pids[r] = pid.pid
+            if r not in self._left and read_typed(self.dir / f"rank{r}.left", RankLeft,
+                                                  run=self.context.run_id) is not None:
+                self._left.add(r)
+                self._dead.pop(r, None)
 
     def poll(self) -> list[tuple[Entry, Result]]:
         """Advance; return results completed since the last call."""
@@ -200,7 +230,7 @@ class WorldRun:
         rc = self.child.returncode()
         now = time.monotonic()
         for r, pid in self._host_pids().items():
-            if r not in self._dead:
+            if r not in self._dead and r not in self._left:
                 alive, status = _pid_state(pid)
                 if not alive:
                     self._dead[r] = (now, describe_status(status) if status is not None else "")
@@ -228,8 +258,14 @@ class WorldRun:
         return self.results[before:]
 
     def _ranks(self, i: int) -> range:
-        """The ranks cell ``i`` runs on (the others sit it out)."""
+        """Cell ``i``'s own ranks (0..k-1; world rank ``placement[i][r]``)."""
         return range(self.entries[i].cell.world_size)
+
+    def _last_cell(self, world_rank: int) -> int | None:
+        """The last cell ``world_rank`` started (running, or done and in its barrier)."""
+        started = [i for i, ranks in enumerate(self.placement) if world_rank in ranks
+                   and (i, ranks.index(world_rank)) in self.progress.starts]
+        return max(started, default=None)
 
     def _outcomes(self, i: int) -> dict[int, Outcome | None]:
         return {r: self.progress.dones.get((i, r)) for r in self._ranks(i)}
@@ -247,30 +283,38 @@ class WorldRun:
         for r in self._ranks(i):
             start = self.progress.starts.get((i, r))
             done = self.progress.dones.get((i, r))
-            tails[r] = tail_lines(self.dir / f"rank{r}.log", start.log_offset if start else 0,
+            tails[r] = tail_lines(self.dir / f"rank{self.placement[i][r]}.log",
+                                  start.log_offset if start else 0,
                                   done.log_end if done else None)
         return tails
 
-    def _in_flight(self) -> int | None:
-        """The earliest cell some rank started and not every rank finished."""
-        pending = sorted({i for (i, _r) in self.progress.starts} - self._reported)
-        return pending[0] if pending else None
+    def _in_flight(self) -> list[int]:
+        """The cells some rank started and not every rank finished (several at once when
+        they run on disjoint ranks), in the world's order."""
+        return sorted({i for (i, _r) in self.progress.starts} - self._reported)
 
     def _check_timeouts(self, now: float) -> None:
-        i = self._in_flight()
+        flying = self._in_flight()
         ctx = self.context
-        if i is None:
+        if not flying:
             if not self.progress.starts and now - self.started_at > ctx.startup_timeout_s:
                 self.child.kill(list(self._host_pids().values()))
                 self._on_world_exit(reason="the world did not start within "
                                     f"{ctx.startup_timeout_s:.0f} s")
             return
+        for i in flying:
+            if self._check_cell(i, now):
+                return
+
+    def _check_cell(self, i: int, now: float) -> bool:
+        """Cell ``i``'s timeout and failure grace; True when the world was torn down."""
+        ctx = self.context
         entry = self.entries[i]
         first_start = min(s.time for (j, _r), s in self.progress.starts.items() if j == i)
         if time.time() - first_start > entry.cell.timeout_s:
             self._abort(i, FailureKind.TIMEOUT,
                         f"cell ran past its timeout of {entry.cell.timeout_s} s")
-            return
+            return True
         err_at = self._first_error_at.get(i)
         if err_at is not None and now - err_at > ctx.abort_grace_s:
             errors = [o for o in self._outcomes(i).values() if o is not None and not o.ok]
@@ -285,6 +329,8 @@ class WorldRun:
                 self._on_world_exit()
             else:
                 self._abort(i, FailureKind.ERROR, "")
+            return True
+        return False
 
     # ---------------------------------------------------------------- faults
     def _host_pids(self) -> dict[int, int]:
@@ -305,7 +351,8 @@ class WorldRun:
         time.sleep(self.context.dump_wait_s)
 
     def _abort(self, i: int, kind: FailureKind, why: str) -> None:
-        """Tear the world down because of cell ``i``; hand back the cells after it."""
+        """Tear the world down because of cell ``i``; hand back every other unfinished
+        cell (those running beside it on other ranks too: they rerun, never fail)."""
         entry = self.entries[i]
         self._dump_stacks()
         self.child.kill(list(self._host_pids().values()))
@@ -352,8 +399,8 @@ class WorldRun:
         if len(self._reported) == len(self.entries):
             self.finished = True
             return
-        i = self._in_flight()
-        if i is None:
+        flying = self._in_flight()
+        if not flying:
             # No cell was in flight: the world failed to start, or every rank left between
             # cells (a recycle): the rest runs in a fresh world.
             if not self.progress.starts:
@@ -361,27 +408,32 @@ class WorldRun:
                 self.start_error = reason or "torchrun exited before any cell started"
             self._hand_back()
             return
-        entry = self.entries[i]
-        outs = self._outcomes(i)
+        # The first rank that died (the launcher's root cause, else by pid; world ranks)
+        # names the culprit: the cell it was running. Cells on other ranks rerun.
         root = torchrun_root_cause(_read_text(self.dir / "torchrun.log"))
-        if self._idle_rank_died(i, root):
-            # A rank that sits this cell out died first: not the cell's fault. The cell
-            # and the rest run in a fresh world (attempt unchanged: nothing failed).
+        first: dict[int, str] = {}
+        if root is not None:
+            first = {root[0]: root[1]}
+        elif self._dead:
+            t0 = min(t for t, _ in self._dead.values())
+            first = {r: how for r, (t, how) in self._dead.items() if t - t0 < 0.05}
+        culprits = sorted({c for r in first if (c := self._last_cell(r)) in flying})
+        if first and not culprits:
+            # A rank whose last cell was complete died first (waiting for its next one):
+            # not a cell's fault. Every unfinished cell runs in a fresh world (attempt
+            # unchanged: nothing failed).
             self._hand_back()
             return
-        # A rank that wrote an outcome for the cell was alive after it: not the culprit.
+        # Nobody seen dying (no root cause, pids not watchable): the earliest cell in
+        # flight, as before slots; a crash is rerun alone, so a wrong guess ends FLAKY.
+        i = culprits[0] if culprits else flying[0]
+        entry = self.entries[i]
+        outs = self._outcomes(i)
+        ranks = self.placement[i]
+        how = {ranks.index(r): v for r, v in first.items() if r in ranks}
+        # Without a rank seen dying, the ranks that never wrote an outcome are blamed.
         silent = [r for r, o in outs.items() if o is None]
-        how: dict[int, str] = {}
-        if root is not None and root[0] in silent:
-            dead, how = [root[0]], {root[0]: root[1]}
-        else:
-            seen = {r: v for r, v in self._dead.items() if r in silent}
-            if seen:
-                first = min(t for t, _ in seen.values())
-                dead = sorted(r for r, (t, _) in seen.items() if t - first < 0.05)
-                how = {r: seen[r][1] for r in dead}
-            else:
-                dead = silent
+        dead = sorted(how) or silent
         done = [o for o in outs.values() if o is not None]
         if any(not o.ok and not COLLATERAL.search(o.message) for o in done):
             # A rank raised and the world then broke: the exception is the cause.
@@ -401,17 +453,6 @@ class WorldRun:
                 message=reason or "a rank died; the world was torn down")
         self._report(i, result)
         self._hand_back()
-
-    def _idle_rank_died(self, i: int, root: tuple[int, str] | None) -> bool:
-        """The first rank seen dead (torchrun's root cause, else by pid) is not one of
-        cell ``i``'s ranks."""
-        if root is not None:
-            return root[0] not in self._ranks(i)
-        if not self._dead:
-            return False
-        first = min(t for t, _ in self._dead.values())
-        dead = [r for r, (t, _) in self._dead.items() if t - first < 0.05]
-        return all(r not in self._ranks(i) for r in dead)
 
     def kill(self) -> None:
         """Stop the world now (the run was interrupted)."""
@@ -433,33 +474,3 @@ def _physical_devices(pool: tuple[int, ...], env: Mapping[str, str]) -> str:
     """
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return ",".join(visible[i] if i < len(visible) else str(i) for i in pool)
-
-
-class WorldExecutor:
-    """Parity and property cells in worlds of ranks, one world per platform."""
-
-    name = "world"
-    noun = "a world"
-    plural = "worlds"
-    retries_crashes = True
-    supports_mutants = True
-
-    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
-             batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1) -> list[Batch]:
-        return plan_batches(cells, durations=durations, batch_size=batch_size,
-                            mutants=mutants, keep_order=keep_order, worlds=worlds)
-
-    def devices_needed(self, entries: Sequence[Entry], platform: Platform) -> int:
-        # One device per rank with nccl (the world has its largest cell's ranks).
-        return max(e.cell.world_size for e in entries) if platform.device == "cuda" else 0
-
-    def job(self, name: str, entries: Sequence[Entry], platform: Platform,
-            context: RunContext, devices: tuple[int, ...]) -> WorldRun:
-        return WorldRun(name, entries, platform, context, devices)
-
-    def describe(self, batch: Batch) -> str:
-        return f"world {batch.name}: {batch.world_size} ranks, {len(batch.cells)} cells"
-
-    def cache_identity(self) -> dict[str, str]:
-        return {}

@@ -1,0 +1,79 @@
+"""The world executor: parity and property cells in worlds of ranks, one per platform.
+
+It plans a platform's cells into worlds (:func:`cpmatrix.run.plan.plan_batches`), each
+packed onto its ranks (:mod:`cpmatrix.run.packing`), says how many GPUs a world holds,
+and makes the :class:`~cpmatrix.run.executors.world.WorldRun` job that runs one.
+
+Example::
+
+    >>> WorldExecutor().name, WorldExecutor().retries_crashes
+    ('world', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.world import WorldRun
+from cpmatrix.run.packing import PackSpec, rank_span
+from cpmatrix.run.plan import Batch, plan_batches
+
+__all__ = ["WorldExecutor"]
+
+
+class WorldExecutor:
+    """Parity and property cells in worlds of ranks, one world per platform."""
+
+    name = "world"
+    noun = "a world"
+    plural = "worlds"
+    retries_crashes = True
+    supports_mutants = True
+
+    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
+             batch_size: int | None, keep_order: bool,
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
+             pack: PackSpec | None = None) -> list[Batch]:
+        pack = pack or PackSpec()
+        if keep_order:  # matrix order, one cell at a time: to bisect a state leak
+            pack = PackSpec(serial=True, ranks=pack.ranks)
+        return plan_batches(cells, durations=durations, batch_size=batch_size,
+                            mutants=mutants, keep_order=keep_order, worlds=worlds, pack=pack)
+
+    def devices_needed(self, entries: Sequence[Entry], platform: Platform,
+                       pack: PackSpec | None = None) -> int:
+        # One device per rank with nccl: the world's ranks (its widest cell's, or more
+        # where the host has the devices to run cells side by side).
+        if platform.device != "cuda":
+            return 0
+        return (pack or PackSpec()).world_ranks(platform.name,
+                                                [e.cell.world_size for e in entries])
+
+    def job(self, name: str, entries: Sequence[Entry], platform: Platform,
+            context: RunContext, devices: tuple[int, ...]) -> WorldRun:
+        return WorldRun(name, entries, platform, context, devices)
+
+    def describe(self, batch: Batch) -> str:
+        line = f"world {batch.name}: {batch.world_size} ranks, {len(batch.cells)} cells"
+        p = batch.packing
+        if p is None:
+            return line
+        serial = sum(s.end - s.start for s in p.slots)
+        return (f"{line}; expected makespan {p.makespan:.1f} s (one cell at a time "
+                f"{serial:.1f} s), up to {p.concurrency} cells at once, ranks busy "
+                f"{100 * p.busy:.0f}%")
+
+    def describe_cells(self, batch: Batch) -> list[str]:
+        """One line per cell, in the order the world runs them: its ranks and start."""
+        p = batch.packing
+        if p is None:
+            return [f"  {c.id}  timeout={c.timeout_s}s" for c in batch.cells]
+        return [f"  {batch.cells[i].id}  ranks {rank_span(p.slots[i].ranks)} at "
+                f"{p.slots[i].start:.1f} s  timeout={batch.cells[i].timeout_s}s"
+                for i in p.order]
+
+    def cache_identity(self) -> dict[str, str]:
+        return {}
