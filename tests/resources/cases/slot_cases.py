@@ -117,7 +117,7 @@ def beside(cell):
             if time.monotonic() > deadline:
                 raise AssertionError("beside: no fault ran at the same time")
             time.sleep(0.02)
-        time.sleep(4.0)
+        time.sleep(6.0)  # longer than hang_beside's timeout and the abort grace
     dist.barrier()
     _record_group(cell)
 
