@@ -88,11 +88,9 @@ def run(args: argparse.Namespace) -> int:
             # how many cuda worlds are in flight (--max-jobs of them at most).
             jobs, devices = options.max_jobs, prepared.devices * options.max_jobs
             worlds = slurm_worlds(prepared.cells, recorded_durations(options, out), jobs)
-        # Under Slurm each world is a job on a node of its own: a cuda world gets the node's
-        # GPUs (--gpus, one node's), here the host's share of --jobs worlds.
-        context = replace(context, pack=pack_spec(
-            options, prepared.platforms.values(), devices=prepared.devices,
-            worlds=1 if options.scheduler == "slurm" else worlds))
+        # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
+        context = replace(context, pack=pack_spec(options, prepared.platforms.values(),
+                                                  devices=prepared.devices))
         if options.scheduler == "slurm":
             print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
                   f"--out {out} must be shared with the nodes)", flush=True)
@@ -152,8 +150,7 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
     durations = recorded_durations(options, out)
     slots = (slurm_worlds(fits, durations, options.max_jobs) if options.scheduler == "slurm"
              else options.jobs)
-    pack = pack_spec(options, platforms.values(), devices=devices,
-                     worlds=1 if options.scheduler == "slurm" else slots)
+    pack = pack_spec(options, platforms.values(), devices=devices)
     plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
                           durations=durations, batch_size=options.batch_size,
                           keep_order=options.keep_order, mutants=None, worlds=slots,

@@ -63,8 +63,8 @@ class RunOptions:
         "serial (one cell at a time) (default: %(default)s)", choices=PACKINGS))
     world_ranks: int | None = field(default=None, metadata=_flag(
         "--world-ranks", "ranks each world launches, for cells to run side by side on "
-        "(default: the widest cell's on cpu; on cuda the GPUs per world: all visible, "
-        "shared by --jobs)", metavar="N", type=int))
+        "(default: the widest cell's on cpu; on cuda every GPU of the host, or of a "
+        "Slurm node, in one world)", metavar="N", type=int))
     mutants: bool = field(default=False, metadata=_flag(
         "--mutants", "also run each cell once per declared mutant; a surviving mutant fails",
         action="store_true"))

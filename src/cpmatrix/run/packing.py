@@ -44,7 +44,7 @@ class PackSpec:
     """A run's packing policy: slots or serial, and how many ranks each world launches.
 
     ``ranks`` maps a platform to the ranks of its worlds (``--world-ranks``; on a GPU host
-    the GPUs each world holds); a world launches at least its widest cell's ranks and
+    the GPUs the world holds); a world launches at least its widest cell's ranks and
     never more than its cells can use at once.
 
     >>> spec = PackSpec(ranks=(("cuda", 8),))
@@ -56,6 +56,9 @@ class PackSpec:
 
     serial: bool = False
     ranks: tuple[tuple[str, int], ...] = ()
+    #: Platforms whose cells stay in one world whatever ``--jobs`` says (a GPU host's:
+    #: one world packs every device).
+    whole: tuple[str, ...] = ()
 
     def world_ranks(self, platform: str, widths: Sequence[int]) -> int:
         """Ranks a world of cells of ``widths`` on ``platform`` launches."""

@@ -90,7 +90,8 @@ def plan_batches(
     batches: list[Batch] = []
     for platform in sorted(groups):
         count = 0
-        for entries in _split(groups[platform], worlds, expected):
+        n = 1 if pack is not None and platform in pack.whole else worlds
+        for entries in _split(groups[platform], n, expected):
             if keep_order:  # matrix order, to bisect state leaking between cells
                 # ... by size all the same: a world switches its group once per size.
                 entries.sort(key=lambda e: -e[0].world_size)

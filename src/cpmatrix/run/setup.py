@@ -77,31 +77,35 @@ def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
     return devices, list(cells), [], needs
 
 
-def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: int,
-              worlds: int) -> PackSpec:
+def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: int) -> PackSpec:
     """How the run's worlds place cells on their ranks (``--pack``, ``--world-ranks``).
 
-    A cuda world gets the GPUs of its share of the host (``devices // worlds``; under
-    Slurm, ``devices`` is one node's and ``worlds`` 1), so narrow cells run side by
-    side on them; ``--world-ranks`` asks for more (cpu) or fewer ranks.
+    A cuda platform's cells stay in one world over every GPU of the host (``devices``;
+    under Slurm, one node's), whatever ``--jobs`` says: packing runs its narrow cells side
+    by side on the devices, where several worlds would each hold their widest cell's GPUs.
+    Under Slurm its worlds are split over nodes as any platform's. ``--world-ranks`` asks
+    for more (cpu) or fewer ranks.
 
     >>> from cpmatrix.matrix.schema import Platform
     >>> cpu = Platform(name="cpu", backend="gloo", device="cpu")
     >>> gpu = Platform(name="cuda", backend="nccl", device="cuda")
-    >>> pack_spec(RunOptions(), [cpu, gpu], devices=8, worlds=2)
-    PackSpec(serial=False, ranks=(('cuda', 4),))
-    >>> pack_spec(RunOptions(pack="serial", world_ranks=16), [cpu, gpu], devices=8, worlds=1)
-    PackSpec(serial=True, ranks=(('cpu', 16), ('cuda', 8)))
+    >>> pack_spec(RunOptions(), [cpu, gpu], devices=8)
+    PackSpec(serial=False, ranks=(('cuda', 8),), whole=('cuda',))
+    >>> pack_spec(RunOptions(pack="serial", world_ranks=16, scheduler="slurm"), [cpu, gpu],
+    ...           devices=4)
+    PackSpec(serial=True, ranks=(('cpu', 16), ('cuda', 4)), whole=())
     """
     ranks: list[tuple[str, int]] = []
+    whole: list[str] = []
     for p in platforms:
         if p.device == "cuda":
-            share = max(1, devices // max(1, worlds))
-            want = share if options.world_ranks is None else min(options.world_ranks, share)
-            ranks.append((p.name, want))
+            want = devices if options.world_ranks is None else min(options.world_ranks, devices)
+            ranks.append((p.name, max(1, want)))
+            if options.scheduler != "slurm":
+                whole.append(p.name)
         elif options.world_ranks is not None:
             ranks.append((p.name, options.world_ranks))
-    return PackSpec(serial=options.pack == "serial", ranks=tuple(ranks))
+    return PackSpec(serial=options.pack == "serial", ranks=tuple(ranks), whole=tuple(whole))
 
 
 def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
