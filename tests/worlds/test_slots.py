@@ -18,6 +18,7 @@ import pytest
 from cli_runner import RES, results_by_target, run_cli
 
 MATRIX = str(RES / "slots.yaml")
+ROOT = Path(__file__).parents[2]
 
 
 def run_slots(out: Path, select: str, *extra: str) -> tuple[int, str, dict[str, dict[str, Any]]]:
@@ -159,3 +160,36 @@ def test_a_rank_dying_after_its_last_cell_fails_no_cell(tmp_path: Path) -> None:
         assert (by[target]["status"], by[target]["attempts"]) == ("passed", 1), by[target]
     # slow was running beside it when the world went down: it ran again, in a fresh world.
     assert started(out, "slow") == 2
+
+
+@pytest.mark.slow
+def test_the_report_is_the_same_with_slots_as_one_cell_at_a_time(tmp_path: Path) -> None:
+    """Real parity cells of 1-9 ranks (fp64): the same verdicts and the same evidence,
+    value for value, whether they ran side by side or one at a time."""
+    select = "fp64 and (ring_attention or layernorm or collectives)"
+    runs = {}
+    for pack in ("slots", "serial"):
+        out = tmp_path / pack
+        proc = run_cli("run", "--matrix", str(ROOT / "matrix" / "parity.yaml"), "--platform",
+                       "cpu", "-k", select, "--pack", pack, "--out", str(out), "--plain",
+                       "--no-cache")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[pack] = {r["cell_id"]: r for r in json.loads((out / "results.json").read_text())}
+    slots, serial = runs["slots"], runs["serial"]
+    assert len(slots) == 29 and slots.keys() == serial.keys()
+    for cell_id, r in slots.items():
+        assert r["status"] == serial[cell_id]["status"] == "passed", cell_id
+        assert r["evidence"] == serial[cell_id]["evidence"], cell_id
+    plan = json.loads(next((tmp_path / "slots" / "worlds").glob("*/world.json")).read_text())
+    starts = {}
+    for path in (tmp_path / "slots" / "worlds").glob("*/progress/*.r0.start"):
+        starts[int(path.name.split(".")[0])] = json.loads(path.read_text())["time"]
+    dones = {}
+    for path in (tmp_path / "slots" / "worlds").glob("*/progress/*.r0.done"):
+        dones[int(path.name.split(".")[0])] = json.loads(path.read_text())["end_time"]
+    # Some cells did run at the same time (on disjoint ranks, as placed).
+    overlapping = [(i, j) for i in starts for j in starts if i < j
+                   and starts[i] < dones[j] and starts[j] < dones[i]]
+    assert overlapping
+    for i, j in overlapping:
+        assert set(plan["placement"][i]).isdisjoint(plan["placement"][j])
