@@ -78,11 +78,15 @@ def test_fewer_gpus_fewer_cells_fit_and_one_gpu_runs_one_at_a_time(
         assert "up to 1 cells at once" in out
 
 
-def test_jobs_keep_a_cuda_platform_in_one_world_over_every_gpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [(), ("--keep-order",)])
+def test_jobs_keep_a_cuda_platform_in_one_world_over_every_gpu(
+        extra: tuple[str, ...], tmp_path: Path) -> None:
     """Two worlds of 4 GPUs could not run an 8-GPU cell beside anything; one world of 8
-    packs the narrow cells side by side instead (the cpu platform still splits)."""
-    out, _ = plan(tmp_path, "--gpus", "8", "--jobs", "2")
+    packs the narrow cells side by side instead (the cpu platform still splits).
+    ``--keep-order`` runs that world's cells one at a time, still in one world."""
+    out, _ = plan(tmp_path, "--gpus", "8", "--jobs", "2", *extra)
     assert "plan: 16 cells in 1 worlds" in out and "cuda-w8-b0: 8 ranks, 16 cells" in out
+    assert ("up to 1 cells at once" in out) == bool(extra)
 
 
 def test_world_ranks_caps_the_gpus_a_world_takes(tmp_path: Path) -> None:

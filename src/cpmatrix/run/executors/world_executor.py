@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.context import RunContext
@@ -39,7 +40,7 @@ class WorldExecutor:
              pack: PackSpec | None = None) -> list[Batch]:
         pack = pack or PackSpec()
         if keep_order:  # matrix order, one cell at a time: to bisect a state leak
-            pack = PackSpec(serial=True, ranks=pack.ranks)
+            pack = replace(pack, serial=True)
         return plan_batches(cells, durations=durations, batch_size=batch_size,
                             mutants=mutants, keep_order=keep_order, worlds=worlds, pack=pack)
 
