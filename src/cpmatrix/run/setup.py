@@ -105,7 +105,9 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
                 whole.append(p.name)
         elif options.world_ranks is not None:
             ranks.append((p.name, options.world_ranks))
-    return PackSpec(serial=options.pack == "serial", ranks=tuple(ranks), whole=tuple(whole))
+    # --keep-order: matrix order, one cell at a time (to bisect state leaking between cells).
+    serial = options.pack == "serial" or options.keep_order
+    return PackSpec(serial=serial, ranks=tuple(ranks), whole=tuple(whole))
 
 
 def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
