@@ -20,6 +20,7 @@ Example::
     >>> claim = claim_out(out)
     >>> (out / MARKER).exists(), len(claim.run_id)
     (True, 12)
+    >>> claim.release()  # the lock file closes here (else at exit: an unclosed file)
 """
 
 from __future__ import annotations
