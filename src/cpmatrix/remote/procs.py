@@ -33,6 +33,7 @@ __all__ = [
     "reap_orphans",
     "set_child_subreaper",
     "set_parent_death_signal",
+    "stat_fields",
 ]
 
 #: The environment variable naming the run and world a process belongs to.
@@ -63,13 +64,29 @@ def set_child_subreaper(on: bool = True) -> bool:
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of ``pid`` from /proc, or None when it is gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name, or None when it is gone.
+
+    Field 3 of proc(5) (the state) is index 0 here, field ``n`` is index ``n - 3``. The
+    name is cut at the *last* ``)``: a process may call itself ``a) b``.
+
+    >>> fields = stat_fields(os.getpid())
+    >>> fields is not None and fields[0] in "RSD"
+    True
+    """
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[1])
-    except (OSError, IndexError, ValueError):
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of ``pid`` from /proc, or None when it is gone."""
+    fields = stat_fields(pid)
+    try:
+        return (fields[0], int(fields[1])) if fields else None
+    except (IndexError, ValueError):
         return None
 
 

@@ -30,6 +30,7 @@ from cpmatrix.remote.procs import (
     kill_all,
     processes_with_token,
     set_child_subreaper,
+    stat_fields,
 )
 
 __all__ = ["POLL_SECONDS", "alive", "boot_id", "start_time", "watch_argv"]
@@ -42,11 +43,10 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, sign
 def start_time(pid: int) -> int | None:
     """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
     or None when it is gone."""
+    fields = stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[19])  # field 22 counts pid and comm, which the split dropped
-    except (OSError, IndexError, ValueError):
+        return int(fields[19]) if fields else None  # field 22 of proc(5)
+    except (IndexError, ValueError):
         return None
 
 
@@ -61,12 +61,10 @@ def boot_id() -> str:
 
 def alive(pid: int, started: int) -> bool:
     """Whether the process ``pid`` that started at ``started`` still runs (not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    fields = stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
         return False
-    return state not in ("Z", "X") and start_time(pid) == started
+    return start_time(pid) == started
 
 
 def watch_argv(python: str, pid: int, argv: Sequence[str]) -> list[str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, tail_lines
 from cpmatrix.matrix.schema import Platform
+from cpmatrix.remote.procs import stat_fields
 from cpmatrix.remote.protocol import (
     CellSpec,
     Outcome,
@@ -78,10 +79,8 @@ def cell_spec(entry: Entry) -> CellSpec:
 
 def _pid_state(pid: int) -> tuple[bool, int | None]:
     """(alive, raw wait status from /proc field 52 once it is a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = stat_fields(pid)
+    if not fields:
         return False, None
     if fields[0] not in ("Z", "X"):
         return True, None
