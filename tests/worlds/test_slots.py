@@ -107,15 +107,8 @@ def test_a_fault_blames_only_its_cell_never_the_cell_beside_it(
     placed = dict(zip((c["target"] for c in first["cells"]), first["placement"],
                       strict=True))
     assert set(placed[fault]).isdisjoint(placed["neighbour"])
-
-
-@pytest.mark.slow
-def test_a_crash_beside_reruns_the_neighbour_in_a_fresh_world(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    code, log, by = run_slots(out, "crash_beside or neighbour", "--world-ranks", "4")
-    assert code == 1, log
-    assert (by["neighbour"]["status"], by["neighbour"]["attempts"]) == ("passed", 1)
-    # Started in the crashed world and again in a fresh one: handed back, not failed.
+    # The neighbour was still running when the fault took the world down (it sleeps past
+    # the hang's timeout and the abort grace): started there, and again in a fresh world.
     assert started(out, "neighbour") == 2
 
 
