@@ -157,7 +157,8 @@ def test_gpus_must_not_be_negative(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", [["--batch-size", "0"], ["--jobs", "0"], ["--runner", "ssh"],
-                                 ["--pack", "greedy"], ["--world-ranks", "0"]])
+                                 ["--pack", "greedy"], ["--world-ranks", "0"],
+                                 ["--world-ranks", "65"]])
 def test_bad_run_options_exit_2(bad: list[str], tmp_path: Path) -> None:
     proc = cli("run", "--matrix", str(RES / "runtime.yaml"), "--out", str(tmp_path), *bad)
     assert proc.returncode == 2, proc.stderr

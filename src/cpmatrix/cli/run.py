@@ -75,23 +75,22 @@ def run(args: argparse.Namespace) -> int:
         if claim is None:
             return _dry_run(cells, {p.name: p for p in matrix.platforms}, options, out)
         prepared = prepare_run(options, matrix, cells, claim)
+        # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
+        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
         if prepared.skipped:
             print(f"skipping {len(prepared.skipped)} cuda cells wider than the "
                   f"{prepared.devices} GPU(s) visible (one rank per GPU); they are reported "
                   "as skipped", file=sys.stderr)
         print(f"runner: {prepared.runner.name} ({prepared.why_runner})", flush=True)
-        context, jobs, devices, wrap_job = prepared.context, options.jobs, prepared.devices, None
+        context = replace(prepared.context, pack=pack)
+        jobs, devices, wrap_job = options.jobs, prepared.devices, None
         worlds = jobs
         if options.scheduler == "slurm":
-            context, wrap_job = slurm_scheduling(options, prepared.context)
+            context, wrap_job = slurm_scheduling(options, context)
             # Slurm places each job on a node with its own GPUs: the pool here only caps
             # how many cuda worlds are in flight (--max-jobs of them at most).
             jobs, devices = options.max_jobs, prepared.devices * options.max_jobs
             worlds = slurm_worlds(prepared.cells, recorded_durations(options, out), jobs)
-        # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
-        context = replace(context, pack=pack_spec(options, prepared.platforms.values(),
-                                                  devices=prepared.devices))
-        if options.scheduler == "slurm":
             print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
                   f"--out {out} must be shared with the nodes)", flush=True)
         progress = Progress(force_plain=options.plain)

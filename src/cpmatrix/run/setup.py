@@ -98,6 +98,11 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
     ranks: list[tuple[str, int]] = []
     whole: list[str] = []
     for p in platforms:
+        if options.world_ranks is not None and options.world_ranks > p.max_ranks:
+            raise UsageError(
+                f"--world-ranks {options.world_ranks}: more than platform {p.name!r} may "
+                f"launch (max_ranks {p.max_ranks}; raise platforms.{p.name}.max_ranks in "
+                "the matrix to allow it)")
         if p.device == "cuda":
             want = devices if options.world_ranks is None else min(options.world_ranks, devices)
             ranks.append((p.name, max(1, want)))
