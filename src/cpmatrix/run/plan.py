@@ -82,10 +82,7 @@ def plan_batches(
             groups.setdefault(cell.platform, []).append(entry)
 
     def expected(entry: tuple[Cell, str]) -> float:
-        cell = entry[0]
-        known = durations.get(cell.id)
-        # Unknown cells sort by timeout: a long timeout usually means a long cell.
-        return known if known is not None else float(cell.timeout_s) / 60.0
+        return expected_s(entry[0], durations)
 
     batches: list[Batch] = []
     for platform in sorted(groups):

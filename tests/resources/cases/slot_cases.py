@@ -31,17 +31,27 @@ def _world_rank() -> int:
     raise AssertionError("no pid file names this process")
 
 
-def _meet(cell, me: str, partner: str) -> None:
-    """Rank 0 says it is running and waits until the partner cell says so too."""
+def _say(cell, me: str) -> Path:
+    """Say ``me`` is running (a file in ``<out>/meet``); the folder."""
     meet = _out_root(cell) / "meet"
     meet.mkdir(exist_ok=True)
+    (meet / me).write_text(str(time.time()))
+    return meet
+
+
+def _await(meet: Path, me: str, partners: tuple[str, ...]) -> None:
+    """Wait until one of ``partners`` says it is running; fail after ``MEET_S``."""
+    deadline = time.monotonic() + MEET_S
+    while not any((meet / p).exists() for p in partners):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{me}: {' or '.join(partners)} did not run at the same time")
+        time.sleep(0.02)
+
+
+def _meet(cell, me: str, partner: str) -> None:
+    """Rank 0 says it is running and waits until the partner cell says so too."""
     if cell.rank == 0:
-        (meet / me).write_text(str(time.time()))
-        deadline = time.monotonic() + MEET_S
-        while not (meet / partner).exists():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{me}: {partner} did not run at the same time")
-            time.sleep(0.02)
+        _await(_say(cell, me), me, (partner,))
     dist.barrier()  # every rank of the cell leaves together, in the cell's own group
 
 
@@ -108,15 +118,8 @@ def patch_beside(cell):
 def beside(cell):
     """The innocent neighbour: meets whichever fault runs beside it, then takes a while
     (so the fault is seen while it still runs) and passes."""
-    meet = _out_root(cell) / "meet"
-    meet.mkdir(exist_ok=True)
     if cell.rank == 0:
-        (meet / "beside").write_text(str(time.time()))
-        deadline = time.monotonic() + MEET_S
-        while not any((meet / f).exists() for f in ("crash", "hang", "error", "patch")):
-            if time.monotonic() > deadline:
-                raise AssertionError("beside: no fault ran at the same time")
-            time.sleep(0.02)
+        _await(_say(cell, "beside"), "beside", ("crash", "hang", "error", "patch"))
         time.sleep(6.0)  # longer than hang_beside's timeout and the abort grace
     dist.barrier()
     _record_group(cell)
@@ -124,9 +127,7 @@ def beside(cell):
 
 def slow(cell):
     """Says it is running, takes five seconds, then passes."""
-    meet = _out_root(cell) / "meet"
-    meet.mkdir(exist_ok=True)
-    (meet / "slow").write_text(str(time.time()))
+    _say(cell, "slow")
     time.sleep(5.0)
     _record_group(cell)
 
@@ -146,9 +147,7 @@ def die_after_last_cell(cell):
         once.write_text("")
         atexit.register(os._exit, 7)
         # Only once ``slow`` runs beside it: its death must not fail that cell either.
-        deadline = time.monotonic() + MEET_S
-        while not (_out_root(cell) / "meet" / "slow").exists():
-            if time.monotonic() > deadline:
-                raise AssertionError("slow did not run at the same time")
-            time.sleep(0.02)
+        meet = _out_root(cell) / "meet"
+        meet.mkdir(exist_ok=True)
+        _await(meet, "die_after_last_cell", ("slow",))
     _record_group(cell)

@@ -109,13 +109,12 @@ class WorldRun:
         self.devices = devices
         # The packing's priority: widest, then longest first (serial: as planned, which
         # is matrix order with --keep-order). Handed-back cells are re-packed the same way.
+        times = {e.key: expected_s(e.cell, context.durations) for e in entries}
         ordered = list(entries)
         if not context.pack.serial:
-            ordered.sort(key=lambda e: (-e.cell.world_size,
-                                        -expected_s(e.cell, context.durations)))
-        packing = context.pack.plan(
-            platform.name, [e.cell.world_size for e in ordered],
-            [expected_s(e.cell, context.durations) for e in ordered])
+            ordered.sort(key=lambda e: (-e.cell.world_size, -times[e.key]))
+        packing = context.pack.plan(platform.name, [e.cell.world_size for e in ordered],
+                                    [times[e.key] for e in ordered])
         #: In the order every rank runs its own cells (by planned start).
         self.entries = [ordered[i] for i in packing.order]
         #: Per entry, the world ranks it runs on; its rank r is world rank placement[i][r].
