@@ -4,6 +4,8 @@
     python tools/mutation_score.py --only parity        # modules whose path contains "parity"
     python tools/mutation_score.py --report-only DIR    # re-read a finished run in DIR
     python tools/mutation_score.py --fail-under 90      # exit 1 if a module scores lower
+    python tools/mutation_score.py --record             # ... and write the stamp below
+    python tools/mutation_score.py --changed-only --fail-under 90   # what CI runs
 
 mutmut (3.x) reads ``[tool.mutmut]`` of ``pyproject.toml``: the modules (``only_mutate``)
 and the fast tests that must kill their mutants. It writes its ``mutants/`` folder next to
@@ -13,12 +15,22 @@ of the project in a scratch folder (``--workdir``, default ``.nox/mutation-work`
 
 The score counts a mutant no test reaches ("no tests") as surviving:
 ``score = (killed + timeout) / mutants`` (a mutant that makes the tests hang is detected).
+
+**The stamp** (``tools/mutation-stamp.json``, written by ``--record``): per module, the
+score a real run reached and the hash of everything that score depends on: the module's
+source, every test file mutmut runs against it (the selection, and the shared helpers
+and conftest they import), the ``[tool.mutmut]`` settings and this tool. With
+``--changed-only`` (what CI runs) a module whose hash matches its stamp, with a recorded
+score at or above ``--fail-under``, is not mutated again: the tool prints its recorded
+score, the date and the hash it matched. Every other module runs. Nothing is skipped
+silently, and a stamp cannot vouch for code or tests it did not see.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -34,6 +46,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: What the tests need besides src/ and tests/ (mutmut copies those, and pyproject.toml).
 COPY = ("src", "tests", "pyproject.toml", "README.md", "matrix", "docs")
+
+#: Scores of the last recorded run and what they depended on (see the module docstring).
+STAMP = ROOT / "tools" / "mutation-stamp.json"
 
 #: mutmut's exit codes per mutant (mutmut/stats.py), folded into our columns.
 KILLED = {1, 3}
@@ -63,6 +78,69 @@ def modules_of(pyproject: Path) -> list[str]:
     """The files ``[tool.mutmut] only_mutate`` names (plain paths, no patterns)."""
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["mutmut"]
     return [str(p) for p in config["only_mutate"]]
+
+
+def test_files(root: Path) -> list[Path]:
+    """The test files a mutant is judged by: the selection of ``[tool.mutmut]`` (paths
+    among ``pytest_add_cli_args_test_selection``) and the shared helpers and conftest
+    beside them (``tests/*.py``), sorted."""
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    selection = config["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
+    named = {root / a for a in selection if a.endswith(".py")}
+    helpers = set((root / "tests").glob("*.py"))
+    return sorted(named | helpers)
+
+
+def input_hash(root: Path, module: str) -> str:
+    """sha256 over what a module's score depends on: its source, the test files, the
+    ``[tool.mutmut]`` settings and this tool (each named, so a moved byte counts)."""
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    h = hashlib.sha256(b"cpmatrix-mutation-stamp-v1\0")
+    h.update(json.dumps(config["tool"]["mutmut"], sort_keys=True).encode())
+    for path in [root / module, *test_files(root), root / "tools" / "mutation_score.py"]:
+        h.update(b"\0" + str(path.relative_to(root)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def read_stamp(path: Path) -> dict[str, dict[str, object]]:
+    """Module path -> its recorded entry; {} for a missing or unreadable stamp."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    modules = data.get("modules") if isinstance(data, dict) else None
+    return {str(k): v for k, v in modules.items() if isinstance(v, dict)} \
+        if isinstance(modules, dict) else {}
+
+
+def unchanged(stamp: dict[str, dict[str, object]], module: str, digest: str,
+              fail_under: float) -> dict[str, object] | None:
+    """The stamp entry that vouches for ``module`` (same inputs, a recorded score at or
+    above ``fail_under``), else None: the module must be mutated again."""
+    entry = stamp.get(module)
+    if entry is None or entry.get("hash") != digest:
+        return None
+    score = entry.get("score")
+    if not isinstance(score, int | float) or score < fail_under:
+        return None
+    return entry
+
+
+def record(path: Path, digests: dict[str, str], rows: list[Score]) -> None:
+    """Merge this run's scores into the stamp (other modules keep their entries).
+
+    ``digests`` are the input hashes taken before the run copied the sources: an edit
+    made while mutmut ran is not vouched for."""
+    data = {"modules": read_stamp(path)}
+    for r in rows:
+        data["modules"][r.module] = {
+            "hash": digests[r.module], "score": round(r.score, 1),
+            "mutants": r.mutants, "killed": r.killed + r.timeout,
+            "date": time.strftime("%Y-%m-%d"),
+        }
+    data["modules"] = dict(sorted(data["modules"].items()))
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def dotted(path: str) -> str:
@@ -149,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--survivors", action="store_true", help="list the mutants not killed")
     parser.add_argument("--fail-under", type=float, default=0.0,
                         help="exit 1 if a module's score (percent) is below this")
+    parser.add_argument("--record", action="store_true",
+                        help=f"write this run's scores into the stamp ({STAMP.name})")
+    parser.add_argument("--changed-only", action="store_true",
+                        help="mutate only the modules whose sources, tests or settings "
+                        "changed since the stamp (or whose recorded score is too low)")
+    parser.add_argument("--stamp", type=Path, default=STAMP, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     modules = modules_of(ROOT / "pyproject.toml")
@@ -157,6 +241,30 @@ def main(argv: list[str] | None = None) -> int:
                    if any(pat in m or fnmatch.fnmatch(m, pat) for pat in args.only)]
         if not modules:
             parser.error(f"--only {args.only} matches no module of [tool.mutmut] only_mutate")
+    if args.record and args.report_only:
+        parser.error("--record needs a run (a finished workdir may hold other sources)")
+    digests = {m: input_hash(ROOT, m) for m in modules}
+    if args.changed_only:
+        stamp = read_stamp(args.stamp)
+        kept = []
+        for module in modules:
+            digest = digests[module]
+            entry = unchanged(stamp, module, digest, args.fail_under)
+            if entry is None:
+                why = ("no recorded run" if module not in stamp else
+                       "its source, tests or settings changed" if stamp[module].get("hash")
+                       != digest else f"its recorded score {stamp[module].get('score')}% "
+                       f"is below {args.fail_under:g}%")
+                print(f"mutation: {module}: mutating ({why})")
+                kept.append(module)
+            else:
+                print(f"mutation: {module}: unchanged since {entry.get('date')} (inputs "
+                      f"{digest[:12]} as recorded): {entry.get('score')}% "
+                      f"({entry.get('killed')}/{entry.get('mutants')}), not run again")
+        modules = kept
+        if not modules:
+            print("mutation: every module's score stands (tools/mutation-stamp.json)")
+            return 0
     if not args.report_only:
         prepare(args.workdir, modules)
         elapsed = run_mutmut(args.workdir, args.jobs)
@@ -166,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.survivors:
         for name in (n for names in survivors.values() for n in names):
             print(f"not killed: {name}")
+    if args.record:
+        record(args.stamp, digests, rows)
+        print(f"recorded in {args.stamp}")
     low = [r for r in rows if r.score < args.fail_under]
     for r in low:
         print(f"error: {r.module} scores {r.score:.1f}% < {args.fail_under:g}%", file=sys.stderr)
