@@ -43,3 +43,56 @@ def test_suite_cells_pass_in_a_container(tmp_path: Path) -> None:
     for command in (out / "worlds").glob("*/command.json"):
         argv = json.loads(command.read_text())["argv"]
         assert Path(argv[0]).name == "docker" and "--network=none" in argv
+
+
+def _tag(source: str, name: str) -> None:
+    subprocess.run(["docker", "tag", source, name], check=True, capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_users_own_image_reference_runs_its_cells(tmp_path: Path) -> None:
+    """A project outside this checkout names an image it built (here: ours, re-tagged);
+    its id is in the cache key: the same name on another image is not a cache hit."""
+    if shutil.which("docker") is None:
+        pytest.skip("docker is not installed")
+    runner = get_runner("docker", _CPU, ROOT / "matrix")
+    why = runner.unavailable()
+    assert why is None, f"docker installed but unusable (CI builds the image): {why}"
+    name = f"cpmatrix-test/user-parity:{tmp_path.name.lower()}"
+    _tag(runner.image, name)  # type: ignore[attr-defined]
+    try:
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "cases.py").write_text(
+            "import torch, torch.distributed as dist\n\n"
+            "def allreduce(cell):\n"
+            "    x = torch.ones(3, dtype=cell.dtype)\n"
+            "    dist.all_reduce(x)\n"
+            "    assert float(x[0]) == cell.world_size\n")
+        matrix = project / "matrix.yaml"
+        matrix.write_text(
+            "version: 1\npythonpath: [.]\nplatforms:\n"
+            f"  cpu: {{backend: gloo, device: cpu, image: '{name}'}}\n"
+            "targets:\n  - {name: allreduce, case: 'cases:allreduce', level: unit, "
+            "axes: {mesh: [1x2]}}\n")
+
+        def run(out: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "cpmatrix", "run", "--matrix", str(matrix), "--runner",
+                 "docker", "--out", str(tmp_path / out), "--cache-dir", str(tmp_path / "cache"),
+                 "--plain"], capture_output=True, text=True, timeout=600, check=False)
+
+        first = run("a")
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+        assert first.stdout.startswith("runner: docker") and "1 passed" in first.stdout
+        assert "1 cached" in run("b").stdout
+        # The same name on another image (the base: no torch): another key, a real run.
+        _tag("cpmatrix-base:bookworm", name)
+        third = run("c")
+        assert "cached" not in third.stdout and third.returncode == 1, third.stdout[-3000:]
+    finally:
+        subprocess.run(["docker", "rmi", name], capture_output=True, check=False)
+    missing = run("d")
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert f"docker pull {name}" in missing.stderr and "Traceback" not in missing.stderr

@@ -27,6 +27,7 @@ from cpmatrix.matrix.limits import check_ranks, check_size
 from cpmatrix.matrix.schema import (
     ALLOWED_KEYS,
     ENV_NAME_RE,
+    IMAGE_FORMS,
     KINDS,
     MAX_CELLS,
     MAX_RANKS,
@@ -41,6 +42,7 @@ from cpmatrix.matrix.schema import (
     Scalar,
     SpillBlock,
     Target,
+    image_form,
     timeout_seconds,
 )
 from cpmatrix.matrix.spill_block import spill_block
@@ -101,11 +103,18 @@ def _platform(ctx: SpecReader, name: str, node: yaml.Node, path: str) -> Platfor
     max_ranks = MAX_RANKS
     if "max_ranks" in fields:
         max_ranks = _positive_int(ctx, fields["max_ranks"], f"{path}.max_ranks")
+    image = None
+    if "image" in fields:
+        image = ctx.string(fields["image"], f"{path}.image")
+        if image_form(image) is None:
+            raise ctx.error(fields["image"], f"{path}.image",
+                            f"{image!r} is neither a Dockerfile nor an image reference",
+                            IMAGE_FORMS)
     return Platform(
         name=name,
         backend=backend,  # type: ignore[arg-type]  # checked against _BACKENDS above
         device=device,  # type: ignore[arg-type]
-        image=ctx.string(fields["image"], f"{path}.image") if "image" in fields else None,
+        image=image,
         where=where_of(ctx, node),
         env=tuple(env),
         description=description,

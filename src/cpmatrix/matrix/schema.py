@@ -28,6 +28,7 @@ __all__ = [
     "AUTOCAST",
     "AXES",
     "DTYPES",
+    "IMAGE_FORMS",
     "KINDS",
     "LEVELS",
     "MAX_CELLS",
@@ -44,6 +45,7 @@ __all__ = [
     "Scalar",
     "SpillBlock",
     "Target",
+    "image_form",
     "timeout_seconds",
 ]
 
@@ -94,6 +96,36 @@ ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
 
 #: Names of environment variables and kernel parameters.
 ENV_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+#: An image reference as Docker reads one (distribution's grammar): an optional registry
+#: host (with a dot or a port, or ``localhost``), lowercase path components, then a tag
+#: and/or a content digest.
+_IMAGE_REF_RE: Final = re.compile(
+    r"^(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9-]+:[0-9]+"
+    r"|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+:[0-9]+)/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?\Z")
+#: What a platform's ``image:`` may be (said by every error about it).
+IMAGE_FORMS: Final = (
+    "a Dockerfile path relative to the matrix file, named <flavor>.Dockerfile with "
+    "requirements-<flavor>.txt beside it (docker/build-image.sh builds and tags it), or an "
+    "image reference you built or pulled: NAME[:TAG] or NAME@sha256:<digest> (e.g. "
+    "myteam/parity:2026-12 or registry.example.com/ml/parity@sha256:...)")
+
+
+def image_form(value: str) -> Literal["dockerfile", "reference"] | None:
+    """Whether a platform's ``image:`` names a Dockerfile or an image; None: neither.
+
+    >>> image_form("../docker/cpu.Dockerfile"), image_form("myteam/parity:2026-12")
+    ('dockerfile', 'reference')
+    >>> image_form("ghcr.io/team/parity@sha256:" + "a" * 64), image_form("Parity:1")
+    ('reference', None)
+    """
+    name = value.rsplit("/", 1)[-1]
+    if name == "Dockerfile" or name.endswith(".Dockerfile"):
+        return "dockerfile"
+    return "reference" if _IMAGE_REF_RE.match(value) else None
 #: GPU archs a spill gate compiles for, and their compute capability.
 #: Archs a spec may name → the compute capability Triton compiles for.
 #:
@@ -177,9 +209,10 @@ class Platform:
     backend: Literal["gloo", "nccl"]
     #: torch device type for tensors and the mesh.
     device: Literal["cpu", "cuda"]
-    #: Dockerfile the platform's image is built from (relative to the project root);
-    #: ``None`` where the platform declares none: it then runs with the local and sandbox
-    #: runners only, and ``--runner docker`` is a usage error.
+    #: The image the docker runner runs: a ``<flavor>.Dockerfile`` it is built from
+    #: (relative to the matrix file), or an image reference (``name:tag``, ``name@sha256:``;
+    #: see :func:`image_form`). ``None`` where the platform declares none: it then runs
+    #: with the local and sandbox runners only, and ``--runner docker`` is a usage error.
     image: str | None = None
     #: file:line of the platform in its matrix, for messages (not part of any digest).
     where: str = ""

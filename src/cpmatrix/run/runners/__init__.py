@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from cpmatrix.errors import UsageError
-from cpmatrix.matrix.schema import Platform
+from cpmatrix.matrix.schema import IMAGE_FORMS, Platform, image_form
 from cpmatrix.run.runners.base import ENV_ALLOW, Launch, Runner, hermetic_env
 from cpmatrix.run.runners.docker import DockerRunner
 from cpmatrix.run.runners.local import LocalRunner
@@ -30,8 +30,13 @@ __all__ = ["ENV_ALLOW", "Launch", "Runner", "get_runner", "hermetic_env", "resol
            "runner_names"]
 
 def _docker(platform: Platform | None, base_dir: Path) -> Runner:
-    dockerfile = (base_dir / platform.image).resolve() if platform and platform.image else None
-    return DockerRunner(dockerfile=dockerfile, device=platform.device if platform else "cpu")
+    """The platform's image: built from its Dockerfile, or the reference it names."""
+    device = platform.device if platform else "cpu"
+    if platform is None or platform.image is None:
+        return DockerRunner(device=device)
+    if image_form(platform.image) == "reference":
+        return DockerRunner(image=platform.image, device=device)
+    return DockerRunner(dockerfile=(base_dir / platform.image).resolve(), device=device)
 
 
 #: name -> factory(platform, the matrix file's folder).
@@ -74,9 +79,8 @@ def resolve_runner(name: str, platform: Platform,
     """
     no_image = _no_image(platform)
     if name == "docker" and no_image:
-        raise UsageError(f"--runner docker: {no_image}; add `image: <path>/<flavor>.Dockerfile` "
-                         "(relative to the matrix file) to it, or choose --runner local or "
-                         "sandbox")
+        raise UsageError(f"--runner docker: {no_image}; add `image:` to it ({IMAGE_FORMS}), "
+                         "or choose --runner local or sandbox")
     if name != "auto":
         try:
             runner = get_runner(name, platform, base_dir)

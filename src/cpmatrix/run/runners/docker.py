@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
+from cpmatrix.matrix.schema import IMAGE_FORMS
 from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.remote.watchdog import watch_argv
 from cpmatrix.run.runners import image as _image
@@ -267,9 +268,15 @@ class DockerRunner:
         try:
             image = self.image
         except (OSError, ValueError) as exc:
-            return f"no image to run: {exc}; pass image=NAME"
+            return f"no image to run: {exc}; a platform's image: is {IMAGE_FORMS}"
         self._image_id = _image.local_image_id(image, docker=self.docker)
         if self._image_id is None:
+            if self.dockerfile is None:
+                # The user's own image: cpmatrix never pulls during a run (no registry may
+                # be reachable, and a pull would make the run depend on a mutable tag).
+                return (f"image {image} is not on this host: pull it first (docker pull "
+                        f"{image}) or build and tag it (docker build -t {image} ...); it "
+                        "needs python3 with torch, cpmatrix is mounted from the host")
             how = "docker/make-base.sh && " if self.flavor == "cpu" else ""
             return f"image {image} not found; build it: {how}docker/build-image.sh {self.flavor}"
         if self.device == "cuda" and shutil.which("nvidia-container-cli") is None:
