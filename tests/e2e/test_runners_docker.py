@@ -224,9 +224,19 @@ def test_identity_is_the_image_id(runner: DockerRunner) -> None:
 
 
 @pytest.mark.docker
-def test_missing_image_names_the_build_command(runner: DockerRunner) -> None:
+def test_missing_image_names_the_build_command(runner: DockerRunner, tmp_path: Path) -> None:
+    # The project's own image: its tag is named from the Dockerfile and its inputs, so an
+    # edited copy names a tag nobody built, and the message gives the build script.
+    docker_dir = tmp_path / "docker"
+    docker_dir.mkdir()
+    for name in ("cpu.Dockerfile", "requirements-cpu.txt"):
+        (docker_dir / name).write_text((ROOT / "docker" / name).read_text() + "\n# edited\n")
+    reason = DockerRunner(dockerfile=docker_dir / "cpu.Dockerfile").unavailable()
+    assert reason is not None and "docker/build-image.sh cpu" in reason, reason
+    # A user's own image reference: never pulled during a run; the message says how to get it.
     reason = DockerRunner(image="cpmatrix-cpu:no-such-tag").unavailable()
-    assert reason is not None and "docker/build-image.sh cpu" in reason
+    assert reason is not None and "docker pull cpmatrix-cpu:no-such-tag" in reason, reason
+    assert "docker build -t cpmatrix-cpu:no-such-tag" in reason
 
 
 @pytest.mark.docker
