@@ -116,7 +116,7 @@ def test_children_a_cell_leaves_are_ended_with_it(serial) -> None:
 def test_a_cell_never_reads_a_file_its_neighbour_wrote(serial, slots) -> None:
     """Row 3: a reader that never wrote its checkpoint fails as it does alone, whether
     the writer ran before it (serial) or beside it (slots)."""
-    _, out, by = serial
+    _, _, by = serial
     assert by["i15_ckpt_writer"]["status"] == "passed"
     reader = by["i16_ckpt_reader"]
     assert reader["status"] == "failed" and "FileNotFoundError" in _blob(reader), reader

@@ -172,7 +172,7 @@ def no_children(cell):
     me = os.getpid()
     kids = []
     for tid in os.listdir(f"/proc/{me}/task"):
-        kids += open(f"/proc/{me}/task/{tid}/children").read().split()
+        kids += Path(f"/proc/{me}/task/{tid}/children").read_text().split()
     cell.record("children", len(kids))
     assert not kids, f"children of an earlier cell still run: {kids}"
 
