@@ -57,6 +57,8 @@ BUNDLED_CASES = ("cpmatrix.suite", "cpmatrix.recipes")
 _OWN = "cpmatrix"
 _MISSING: Any = object()
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+#: Names the interpreter itself writes into any module (a warning's once-registry).
+_BOOKKEEPING = frozenset({"__warningregistry__"})
 
 
 # ---------------------------------------------------------------------- version tags
@@ -190,14 +192,14 @@ class _Space:
         changed = []
         for key, old in self.copy.items():
             new = now.get(key, _MISSING)
-            if new is old or is_submodule(self.name, key, new):
+            if new is old or key in _BOOKKEEPING or is_submodule(self.name, key, new):
                 continue
             foreign = new is _MISSING or _top(_origin(new)[0]) != home
             if self.strict or from_project(new) or (_watchable(old) and foreign):
                 changed.append(key)
         for key in now.keys() - self.copy.keys():
             value = now[key]
-            if is_submodule(self.name, key, value):
+            if key in _BOOKKEEPING or is_submodule(self.name, key, value):
                 continue
             if self.strict or from_project(value) or (
                     self.owner is not None and _watchable(value)

@@ -40,7 +40,6 @@ import dataclasses
 import datetime
 import faulthandler
 import importlib
-import json
 import os
 import random
 import sys
@@ -52,6 +51,7 @@ from typing import Any, TextIO
 
 from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
 from cpmatrix.remote.cellenv import CellEnvironment
+from cpmatrix.remote.exchange import blame_state, exchange
 from cpmatrix.remote.forks import leave_if_child
 from cpmatrix.remote.hygiene import GroupLedger, Verdict, install_p2p_counter, judge
 from cpmatrix.remote.meshes import (
@@ -219,34 +219,6 @@ def run_cell(
     return outcome, mesh
 
 
-def _barrier(store: Any, index: int, rank: int, size: int, timeout_s: float,
-             status: str, report: dict[str, Any]) -> dict[int, tuple[str, dict[str, Any]]]:
-    """Wait until every rank of cell ``index`` (``rank``: this one's in the cell) wrote
-    its outcome; every rank's (status, group report), by rank in the cell.
-
-    ``status`` is ``ok``, ``error`` or ``recycle`` (the process state cannot be
-    restored); ``report`` is what the rank did to its groups
-    (:meth:`cpmatrix.remote.hygiene.GroupLedger.after_case`). All the cell's ranks read
-    the same keys, so they take the same decisions.
-
-    Uses the rendezvous TCPStore, never a collective: a collective here could be
-    matched with one a peer is still blocked in inside the case.
-    """
-    import datetime as _dt
-
-    store.set(f"cpmatrix/{index}/r{rank}", json.dumps({"s": status, "r": report}))
-    keys = [f"cpmatrix/{index}/r{r}" for r in range(size)]
-    store.wait(keys, _dt.timedelta(seconds=timeout_s))
-    out = {}
-    for r, key in enumerate(keys):
-        try:
-            value = json.loads(store.get(key))
-            out[r] = (str(value["s"]), dict(value["r"]))
-        except (ValueError, KeyError, TypeError):
-            out[r] = ("error", {})
-    return out
-
-
 def _fix_sys_path(pythonpath: list[str]) -> None:
     """The matrix's pythonpath first, in order; the implicit working directory never.
 
@@ -403,13 +375,13 @@ class _Rank:
         report, destroyed = self.ledger.after_case()
         t_checked = time.perf_counter()
         if problems:
-            outcome = _blame_state(outcome, problems, recycle=True)
+            outcome = blame_state(outcome, problems, recycle=True)
         if destroyed:
             failed.append(f"the case destroyed process group(s) {', '.join(destroyed)}: the "
                           "next cell on these ranks would find them gone (leave the cell's "
                           "groups in place)")
         if failed:
-            outcome = _blame_state(outcome, failed, recycle=False)
+            outcome = blame_state(outcome, failed, recycle=False)
         # Groups the cell used are judged with the peers' reports after the barrier.
         pending = outcome.ok and bool(report["groups"] or report["created"])
         outcome = dataclasses.replace(outcome, log_end=_log_offset(), end_time=time.time(),
@@ -417,7 +389,7 @@ class _Rank:
         write_typed(self.progress / marker_name(index, local, "done"), outcome)
         t_b = time.perf_counter()
         status = "recycle" if problems else ("ok" if outcome.ok else "error")
-        peers = _barrier(self.store, index, local, size, self.world.pg_timeout_s, status,
+        peers = exchange(self.store, index, local, size, self.world.pg_timeout_s, status,
                          report)
         t_d = time.perf_counter()
         clean = all(s == "ok" for s, _ in peers.values())
@@ -427,7 +399,7 @@ class _Rank:
             if verdict is not None and verdict.probe:
                 extra += self.ledger.probe(verdict.probe, local, _PROBE_TIMEOUT_S)
             if extra:
-                outcome = _blame_state(outcome, extra, recycle=False)
+                outcome = blame_state(outcome, extra, recycle=False)
                 clean = False
             write_typed(self.progress / marker_name(index, local, "done"),
                         dataclasses.replace(outcome, final=True))
@@ -488,21 +460,6 @@ class _Rank:
 
 #: How long the barrier proving a used group drained may take (it takes milliseconds).
 _PROBE_TIMEOUT_S = 60.0
-
-
-def _blame_state(outcome: Outcome, problems: list[str], *, recycle: bool) -> Outcome:
-    """Fail the cell that changed what it must leave as it was (check ``process_state``)."""
-    message = "process_state: " + "; ".join(problems)
-    after = "the world is recycled after this cell" if recycle else "it is not reused"
-    print(f"cpmatrix worker: cell {outcome.id} on rank {outcome.rank}: {message}; {after}",
-          file=sys.stderr)
-    if outcome.ok:
-        return dataclasses.replace(outcome, status="error", exc_type="ProcessStateError",
-                                   message=message, traceback="", check="process_state",
-                                   recycle=recycle or outcome.recycle)
-    # Keep the case's own error first; the state problem is part of the story.
-    return dataclasses.replace(outcome, message=f"{outcome.message}; {message}",
-                               recycle=recycle or outcome.recycle)
 
 
 if __name__ == "__main__":

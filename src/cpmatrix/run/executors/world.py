@@ -135,6 +135,7 @@ class WorldRun:
         self.results: list[tuple[Entry, Result]] = []
         self.start_failed = False
         self.start_error = ""
+        self.lost = ""
         self._reported: set[int] = set()
         self._pids: dict[int, int] = {}
         self._dead: dict[int, tuple[float, str]] = {}
