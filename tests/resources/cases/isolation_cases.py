@@ -79,11 +79,11 @@ def ckpt_writer(cell):
     the temp folder. With slots, says so to the reader beside it."""
     for place in _places():
         torch.save({"w": torch.ones(3)}, place / f"ckpt{cell.rank}.pt")
+    dist.barrier()  # every rank wrote its own
     if cell.rank == 0:
         meet = _out_root(cell) / "meet"
         meet.mkdir(exist_ok=True)
         (meet / "written").write_text("")
-    dist.barrier()
 
 
 def ckpt_reader(cell):
