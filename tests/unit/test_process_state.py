@@ -137,6 +137,48 @@ def test_a_librarys_own_updates_are_not_patches(watch: NamespaceWatch) -> None:
         watch.after_cell()
 
 
+def test_a_partial_of_the_original_is_a_patch_and_torchs_own_partials_are_not(
+        watch: NamespaceWatch) -> None:
+    import functools
+
+    import torch
+    import torch.testing
+
+    original = torch.testing.assert_close
+    watch.before_cell()
+    # torch does this itself when DTensor's placement types load (placement_types.py).
+    saved = vars(torch._C._distributed.Placement)["__eq__"]
+    torch._C._distributed.Placement.__eq__ = functools.partial(  # type: ignore[method-assign]
+        torch.distributed.tensor.placement_types._raise_error, method_name="__eq__")
+    try:
+        assert watch.after_cell() == []
+    finally:
+        torch._C._distributed.Placement.__eq__ = saved  # type: ignore[method-assign]
+        watch.after_cell()
+    torch.testing.assert_close = functools.partial(original, rtol=1.0, atol=1.0)
+    problems = watch.after_cell()
+    assert len(problems) == 1 and "torch.testing.assert_close" in problems[0], problems
+    assert torch.testing.assert_close is original
+
+
+def test_a_dropped_bundled_package_leaves_cpmatrix_as_it_was() -> None:
+    """``cpmatrix.suite`` (bundled cases, a project's own) is dropped after each cell, and
+    the ``suite`` attribute its import set on ``cpmatrix`` with it: the next import sets
+    it again. Left there, it reads as a new value in cpmatrix's own namespace: a patch."""
+    import cpmatrix
+
+    for name in [n for n in sys.modules if n == "cpmatrix.suite" or
+                 n.startswith("cpmatrix.suite.")]:
+        del sys.modules[name]
+    vars(cpmatrix).pop("suite", None)
+    watch = NamespaceWatch(project_roots=("/nonexistent-cpmatrix-project",))
+    watch.before_cell()
+    import cpmatrix.suite  # noqa: F401 - what a cell of the reference suite does
+
+    assert watch.after_cell() == []
+    assert "cpmatrix.suite" not in sys.modules and "suite" not in vars(cpmatrix)
+
+
 def test_a_replaced_sys_modules_entry_is_put_back(watch: NamespaceWatch) -> None:
     import torch.testing
 

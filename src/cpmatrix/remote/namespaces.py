@@ -136,6 +136,8 @@ def _origin(value: Any) -> tuple[str, str]:
             value = value.__func__
         elif isinstance(value, property):
             value = value.fget
+        elif isinstance(value, functools.partial | functools.partialmethod):
+            value = value.func  # torch sets partials of its own on its C++ classes
         else:
             break
     if isinstance(value, types.FunctionType):
@@ -144,8 +146,6 @@ def _origin(value: Any) -> tuple[str, str]:
         return str(vars(value).get("__module__", "") or ""), ""
     if isinstance(value, types.BuiltinFunctionType):
         return str(value.__module__ or ""), ""
-    if isinstance(value, functools.partial):
-        return "", ""
     return str(vars(type(value)).get("__module__", "") or ""), ""
 
 
@@ -153,6 +153,12 @@ def _origin(value: Any) -> tuple[str, str]:
 def _real(path: str) -> str:
     """``os.path.realpath``, once per path (a stat per component: milliseconds)."""
     return os.path.realpath(path)
+
+
+def _wraps(new: Any, old: Any) -> bool:
+    """``new`` is ``functools.partial(old, ...)``: the original with other arguments
+    (``partial(assert_close, rtol=1.0)``), a patch wherever ``partial`` was written."""
+    return isinstance(new, functools.partial) and new.func is old
 
 
 def _top(module: str) -> str:
@@ -194,7 +200,7 @@ class _Space:
             new = now.get(key, _MISSING)
             if new is old or key in _BOOKKEEPING or is_submodule(self.name, key, new):
                 continue
-            foreign = new is _MISSING or _top(_origin(new)[0]) != home
+            foreign = new is _MISSING or _top(_origin(new)[0]) != home or _wraps(new, old)
             if self.strict or from_project(new) or (_watchable(old) and foreign):
                 changed.append(key)
         for key in now.keys() - self.copy.keys():
@@ -350,6 +356,10 @@ class NamespaceWatch:
             module = modules[name]
             if self._is_project(name, module):
                 del modules[name]  # imported afresh by the next cell
+                parent, _, child = name.rpartition(".")
+                owner = getattr(modules.get(parent), "__dict__", {}) if parent else {}
+                if owner.get(child) is module:
+                    del owner[child]  # the import set it; the next import sets it again
                 continue
             self.modules[name] = module
             before = len(self.spaces)
