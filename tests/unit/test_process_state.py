@@ -179,6 +179,30 @@ def test_a_dropped_bundled_package_leaves_cpmatrix_as_it_was() -> None:
     assert "cpmatrix.suite" not in sys.modules and "suite" not in vars(cpmatrix)
 
 
+def test_a_restore_that_leaves_the_inherited_method_on_the_class_is_no_patch(
+        watch: NamespaceWatch) -> None:
+    """``setattr(torch.Tensor, "uniform_", original)`` after a wrapper (what
+    ``cpmatrix.parity.rng.RngRecorder`` does) leaves TensorBase's own method in
+    ``torch.Tensor``'s dict: the same object, no change in behaviour."""
+    import torch
+
+    watch.before_cell()
+    inherited = torch.Tensor.uniform_
+    torch.Tensor.uniform_ = inherited  # type: ignore[method-assign]
+    try:
+        assert watch.after_cell() == []
+    finally:
+        del torch.Tensor.uniform_
+        watch.after_cell()
+
+
+def test_every_self_patching_namespace_is_listed_as_not_covered() -> None:
+    from cpmatrix.remote.namespaces import SELF_PATCHING
+
+    section = DOCS.read_text().split("#### Not covered (and why)", 1)[1]
+    assert all(f"`{name}`" in section for name in SELF_PATCHING)
+
+
 def test_a_replaced_sys_modules_entry_is_put_back(watch: NamespaceWatch) -> None:
     import torch.testing
 

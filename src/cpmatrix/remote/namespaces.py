@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BUNDLED_CASES", "NamespaceWatch", "version_tags_work"]
+__all__ = ["BUNDLED_CASES", "SELF_PATCHING", "NamespaceWatch", "version_tags_work"]
 
 #: Bundled case packages inside cpmatrix: reloaded like a project's own cases.
 BUNDLED_CASES = ("cpmatrix.suite", "cpmatrix.recipes")
@@ -59,6 +59,13 @@ _MISSING: Any = object()
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
 #: Names the interpreter itself writes into any module (a warning's once-registry).
 _BOOKKEEPING = frozenset({"__warningregistry__"})
+#: Namespaces their own library rewrites as it runs, with values of any origin: not
+#: compared (docs/running.md lists them under "Not covered").
+SELF_PATCHING = {
+    "triton.language": "Triton's interpreter (TRITON_INTERPRET=1) rewrites triton.language "
+                       "on every kernel launch (static_print = print, ...) and leaves the "
+                       "patches of device-function calls in place",
+}
 
 
 # ---------------------------------------------------------------------- version tags
@@ -155,6 +162,16 @@ def _real(path: str) -> str:
     return os.path.realpath(path)
 
 
+def _shadows(owner: type, key: str, value: Any) -> bool:
+    """``value``, set on the class ``owner``, hides another value of a base class (the
+    very same object again, as a restore with ``setattr`` leaves it, changes nothing)."""
+    for base in owner.__mro__[1:]:
+        inherited = vars(base).get(key, _MISSING)
+        if inherited is not _MISSING:
+            return inherited is not value
+    return False
+
+
 def _wraps(new: Any, old: Any) -> bool:
     """``new`` is ``functools.partial(old, ...)``: the original with other arguments
     (``partial(assert_close, rtol=1.0)``), a patch wherever ``partial`` was written."""
@@ -210,7 +227,7 @@ class _Space:
             if self.strict or from_project(value) or (
                     self.owner is not None and _watchable(value)
                     and _top(_origin(value)[0]) != home
-                    and any(key in vars(base) for base in self.owner.__mro__[1:])):
+                    and _shadows(self.owner, key, value)):
                 changed.append(key)
         return changed
 
@@ -254,7 +271,9 @@ class NamespaceWatch:
 
     # --------------------------------------------------------------- what is watched
     def _watch_module(self, name: str, module: Any) -> None:
-        if not isinstance(module, types.ModuleType) or name == "__main__":
+        if not isinstance(module, types.ModuleType) or name in ("__main__", "__mp_main__"):
+            return
+        if name.startswith(tuple(SELF_PATCHING)):
             return
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict) or self._is_project(name, module):
@@ -272,10 +291,12 @@ class NamespaceWatch:
         self._classes.add(id(cls))
         if cls.__flags__ & _IMMUTABLE_TYPE:  # a builtin or static type: cannot be patched
             return
+        module = str(vars(cls).get("__module__", "") or "")
+        if module.startswith(tuple(SELF_PATCHING)):
+            return
         inner = [d for d in gc.get_referents(cls.__dict__) if isinstance(d, dict)]
         if len(inner) != 1:
             return
-        module = str(vars(cls).get("__module__", "") or "")
         self._add(_Space(name=f"{module}.{cls.__qualname__}", namespace=inner[0],
                          owner=cls, strict=False, package=module))
 
