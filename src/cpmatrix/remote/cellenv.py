@@ -15,8 +15,8 @@ that cell alone:
 - a fresh working folder, ``HOME`` and ``TMPDIR`` (``tempfile.gettempdir()`` too) of its
   own, shared by the cell's ranks as torchrun's ranks share a working directory:
   ``<out>/<cell folder>/work/<world>/{cwd,home,tmp}``
-  (:func:`cpmatrix.remote.protocol.work_folder`). It is removed after the cell when the
-  cell passed, and kept for the report when it did not.
+  (:func:`cpmatrix.remote.protocol.work_folder`). The supervisor removes it when the cell
+  passed, and keeps it for the report when it did not.
 
 Standard library only.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -146,12 +145,3 @@ class CellEnvironment:
         os.chdir(self.world_dir)
         _set_environ(self.base)
         tempfile.tempdir = self.world_tempdir
-
-    def remove(self, out_dir: str) -> None:
-        """Remove a passed cell's working folder (and ``work/`` when it is empty)."""
-        root = self.folder(out_dir)
-        shutil.rmtree(root, ignore_errors=True)
-        try:
-            root.parent.rmdir()
-        except OSError:  # another launch's kept folder is still there, or already gone
-            pass

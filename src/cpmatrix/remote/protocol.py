@@ -240,8 +240,8 @@ def work_folder(out_dir: str, world: str) -> str:
     """A cell's working folder in one world launch, relative to the run's output folder.
 
     It holds the cell's working directory, ``HOME`` and ``TMPDIR`` (``cwd``, ``home``,
-    ``tmp``), shared by the cell's ranks; the world's ranks remove it when the cell
-    passed, and keep it (the report names it) when it did not. Per launch, so a rerun
+    ``tmp``), shared by the cell's ranks; the supervisor removes it when the cell passed,
+    and keeps it (the report names it) when it did not. Per launch, so a rerun
     never meets a kept folder of an earlier attempt.
 
     >>> work_folder("cells/t[unit]@cpu", "003-cpu-w2-b0.a1")

@@ -394,10 +394,13 @@ class _Rank:
         t_d = time.perf_counter()
         clean = all(s == "ok" for s, _ in peers.values())
         verdict = judge({r: rep for r, (_, rep) in peers.items()}) if clean else None
+        t_probe = 0.0
         if pending:
             extra = list(verdict.blame.get(local, [])) if verdict else []
             if verdict is not None and verdict.probe:
+                t_probe = time.perf_counter()
                 extra += self.ledger.probe(verdict.probe, local, _PROBE_TIMEOUT_S)
+                t_probe = time.perf_counter() - t_probe
             if extra:
                 outcome = blame_state(outcome, extra, recycle=False)
                 clean = False
@@ -408,14 +411,13 @@ class _Rank:
             # this process (the supervisor reruns them in a fresh world).
             self.tainted = True
         self.keep_or_drop(spec, mesh, clean and not destroyed, verdict, report)
-        if clean and outcome.ok and local == 0:
-            self.env.remove(spec.out_dir)  # passed: its folder goes (kept on failure)
         if self.profile:
             parts = " ".join(f"{k}={1000 * v:.1f}ms" for k, v in self.isolation.timings.items())
             print(f"PROFILE env={1000*env_s:.1f}ms "
                   f"checks={1000*(t_checked-t_after):.1f}ms ({parts}) "
                   f"barrier={1000*(t_d-t_b):.1f}ms "
                   f"groups={1000*(time.perf_counter()-t_d):.1f}ms "
+                  f"(probe={1000*t_probe:.1f}ms) "
                   f"setup={1000*outcome.setup_s:.1f}ms", file=sys.stderr)
 
     def keep_or_drop(self, spec: CellSpec, mesh: Any, clean: bool, verdict: Verdict | None,
