@@ -173,7 +173,7 @@ def test_a_dropped_bundled_package_leaves_cpmatrix_as_it_was() -> None:
     vars(cpmatrix).pop("suite", None)
     watch = NamespaceWatch(project_roots=("/nonexistent-cpmatrix-project",))
     watch.before_cell()
-    import cpmatrix.suite  # noqa: F401 - what a cell of the reference suite does
+    import cpmatrix.suite  # what a cell of the reference suite does
 
     assert watch.after_cell() == []
     assert "cpmatrix.suite" not in sys.modules and "suite" not in vars(cpmatrix)
@@ -201,6 +201,28 @@ def test_every_self_patching_namespace_is_listed_as_not_covered() -> None:
 
     section = DOCS.read_text().split("#### Not covered (and why)", 1)[1]
     assert all(f"`{name}`" in section for name in SELF_PATCHING)
+
+
+def test_an_installed_module_first_imported_by_a_cell_is_not_the_projects(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataclass's generated ``__init__`` has the file name ``<string>``: relative, so
+    resolved against the working folder, which lies under the project (the cell's own
+    folder below ``--out``). It is not the project's code."""
+    project, installed = tmp_path / "project", tmp_path / "site"
+    (project / "out" / "cwd").mkdir(parents=True)
+    installed.mkdir()
+    (installed / "cpmatrix_unit_dc.py").write_text(
+        "import dataclasses\n\n@dataclasses.dataclass\nclass Point:\n    x: int = 0\n")
+    monkeypatch.syspath_prepend(str(installed))
+    watch = NamespaceWatch(project_roots=(str(project),))
+    monkeypatch.chdir(project / "out" / "cwd")
+    watch.before_cell()
+    import cpmatrix_unit_dc  # noqa: F401
+
+    try:
+        assert watch.after_cell() == []
+    finally:
+        sys.modules.pop("cpmatrix_unit_dc", None)
 
 
 def test_a_replaced_sys_modules_entry_is_put_back(watch: NamespaceWatch) -> None:

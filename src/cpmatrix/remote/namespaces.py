@@ -396,7 +396,8 @@ class NamespaceWatch:
         if value is _MISSING:
             return False
         module, file = _origin(value)
-        if file and _real(file).startswith(self.roots):
+        # Only a real file: exec'd code ("<string>": a dataclass's __init__) has none.
+        if os.path.isabs(file) and _real(file).startswith(self.roots):
             return True
         home = sys.modules.get(module)
         return home is not None and self._is_project(module, home)
