@@ -52,6 +52,10 @@ class Status(StrEnum):
     #: The run was stopped (Ctrl-C, SIGTERM) before the cell finished. Never ok, and no
     #: gate policy can allow it (unlike SKIPPED).
     INTERRUPTED = "interrupted"
+    #: The infrastructure ended the cell's job from outside (a Slurm job cancelled, past
+    #: its time limit, its node failed) again and again: the cell has no verdict of its
+    #: own. Not a failure of the cell, never ok, and no gate policy can allow it.
+    INFRA = "infra"
 
     @property
     def ok(self) -> bool:

@@ -3,7 +3,8 @@
 Every check compares with what the same selection does on this host, or with what Slurm
 itself says (squeue): the verdicts and fp64 evidence of a Slurm run equal the local
 run's; faults are attributed to the same cell, kind and rank; a job cancelled with
-``scancel`` fails only its in-flight cell and the rest runs in a fresh job; Ctrl-C
+``scancel`` blames none of the cells it held (they run again in a new job, and end
+``infra`` when that keeps happening); Ctrl-C
 cancels every job of the run and writes the partial report; a job PENDING past the limit
 fails its cells saying so; no Slurm client on PATH is a usage error.
 
@@ -118,25 +119,64 @@ def test_faults_are_attributed_exactly_as_locally(tmp_path: Path) -> None:
     assert by_fault["hang_collective"]["status"] == "timeout"
 
 
-def test_a_cancelled_job_fails_only_its_in_flight_cell(tmp_path: Path) -> None:
+def _both_started(out: Path) -> bool:
+    """Both cells of the pair are in flight in the newest job (each rank 0 started)."""
+    worlds = sorted(out.glob("worlds/*/progress"))
+    return bool(worlds) and len(list(worlds[-1].glob("*.r0.start"))) == 2
+
+
+def _cancel_when_both_run(out: Path, times: int) -> list[str]:
+    """scancel each new job of the run once both cells run in it, ``times`` times."""
+    cancelled: list[str] = []
+    while len(cancelled) < times:
+        wait_for("a new job with both cells in flight", lambda: _both_started(out) and any(
+            state == "RUNNING" and job not in cancelled for job, state in _jobs_of(out)),
+            timeout=180)
+        (job,) = [j for j, state in _jobs_of(out) if state == "RUNNING" and j not in cancelled]
+        subprocess.run(["scancel", job], check=True)
+        cancelled.append(job)
+        wait_for("the cancelled job to read CANCELLED",
+                 lambda j=job: dict(_jobs_of(out))[j] == "CANCELLED", timeout=60)
+    return cancelled
+
+
+def test_a_job_ended_from_outside_blames_none_of_its_cells(tmp_path: Path) -> None:
+    """Row 13 of issue 21: two cells side by side, the job cancelled from outside. Before,
+    the earliest cell was blamed (a crash, then flaky: the gate refused it); now neither
+    is, and both run again in a new job and pass at their first attempt."""
     out = tmp_path / "out"
-    proc = start_cli("run", "--matrix", str(RES / "slurm.yaml"), "--out", str(out),
-                     "--plain", "--no-cache", "--keep-order", "--scheduler", "slurm",
+    proc = start_cli("run", "--matrix", str(RES / "slurm_pair.yaml"), "--out", str(out),
+                     "--plain", "--no-cache", "--world-ranks", "4", "--scheduler", "slurm",
                      log=tmp_path / "log")
-    wait_for("the sleeper cell to start", lambda: _started(out, 1), timeout=180)
-    [(job_id, state)] = _jobs_of(out)
-    assert state == "RUNNING"
-    subprocess.run(["scancel", job_id], check=True)
-    assert proc.wait(timeout=240) == 1, (tmp_path / "log").read_text()
-    results = {cid.split("[")[0]: r for cid, r in _results(out).items()}
-    assert results["q0_quick"]["status"] == "passed"
-    assert results["q2_quick"]["status"] == "passed", "the rest ran in a fresh job"
-    sleeper = results["q1_sleeper"]
-    # Retried alone, as any crash is, it passes: flaky, and not ok for a gate.
-    assert sleeper["status"] == "flaky", sleeper
-    assert f"Slurm ended job {job_id} (CANCELLED" in sleeper["message"], sleeper["message"]
+    (job,) = _cancel_when_both_run(out, 1)
+    assert proc.wait(timeout=300) == 0, (tmp_path / "log").read_text()
+    for r in _results(out).values():
+        assert (r["status"], r["attempts"], r["kind"]) == ("passed", 1, None), r
     jobs = dict(_jobs_of(out))
-    assert jobs[job_id] == "CANCELLED" and len(jobs) == 3, jobs
+    assert jobs[job] == "CANCELLED" and len(jobs) == 2, jobs
+    assert sorted(jobs.values()) == ["CANCELLED", "COMPLETED"], jobs
+
+
+def test_cells_whose_jobs_keep_being_ended_have_no_verdict_and_fail_the_gate(
+        tmp_path: Path) -> None:
+    """Ended from outside three times (LOST_RETRIES = 2): ``infra``, not crash, failed or
+    flaky; a report holding it fails every gate policy."""
+    out = tmp_path / "out"
+    proc = start_cli("run", "--matrix", str(RES / "slurm_pair.yaml"), "--out", str(out),
+                     "--plain", "--no-cache", "--world-ranks", "4", "--scheduler", "slurm",
+                     log=tmp_path / "log")
+    cancelled = _cancel_when_both_run(out, 3)
+    assert proc.wait(timeout=300) == 1, (tmp_path / "log").read_text()
+    for r in _results(out).values():
+        assert r["status"] == "infra" and r["kind"] is None and r["failures"] == [], r
+        assert "ended from outside 3 times" in r["message"]
+        assert f"Slurm ended job {cancelled[-1]} (CANCELLED" in r["message"], r["message"]
+    assert "2 infra" in (tmp_path / "log").read_text()
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("version: 1\npolicies:\n  all: {allow_flaky: true, allow_skipped: true}\n")
+    gate = run_cli("gate", "--policy", "all", "--gates", str(gates), "--report",
+                   str(out / "report.xml"))
+    assert gate.returncode == 1 and "infra" in gate.stdout + gate.stderr, gate.stdout
 
 
 def test_ctrl_c_cancels_every_job_and_writes_the_partial_report(tmp_path: Path) -> None:

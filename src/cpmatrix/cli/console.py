@@ -108,7 +108,7 @@ def format_summary(report: RunReport, out_dir: str) -> str:
     bad = [(k, r) for k, r in report.results.items()
            if not r.status.ok and r.status is not Status.SKIPPED]
     order = {Status.CRASH: 0, Status.TIMEOUT: 1, Status.FAILED: 2, Status.FLAKY: 3,
-             Status.INTERRUPTED: 4}
+             Status.INFRA: 4, Status.INTERRUPTED: 5}
     bad.sort(key=lambda kr: order.get(kr[1].status, 9))
     if bad:
         lines.append("")

@@ -42,6 +42,7 @@ __all__ = [
     "marker_name",
     "parse_marker_name",
     "read_typed",
+    "work_folder",
     "write_typed",
 ]
 
@@ -185,6 +186,10 @@ class Outcome(_Json):
     log_end: int | None = None
     #: The case changed process state that cannot be restored: the world is recycled.
     recycle: bool = False
+    #: False while the rank still checks the groups the cell used (after the store
+    #: barrier, :mod:`cpmatrix.remote.hygiene`): the rank rewrites this file, final, once
+    #: it knows. A reader knows the rank left the case; the verdict is the final file's.
+    final: bool = True
 
     @property
     def ok(self) -> bool:
@@ -229,6 +234,20 @@ def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
     if kind not in ("start", "done") or not sep or not index.isdigit() or not rank.isdigit():
         return None
     return int(index), int(rank), kind  # type: ignore[return-value]
+
+
+def work_folder(out_dir: str, world: str) -> str:
+    """A cell's working folder in one world launch, relative to the run's output folder.
+
+    It holds the cell's working directory, ``HOME`` and ``TMPDIR`` (``cwd``, ``home``,
+    ``tmp``), shared by the cell's ranks; the supervisor removes it when the cell passed,
+    and keeps it (the report names it) when it did not. Per launch, so a rerun
+    never meets a kept folder of an earlier attempt.
+
+    >>> work_folder("cells/t[unit]@cpu", "003-cpu-w2-b0.a1")
+    'cells/t[unit]@cpu/work/003-cpu-w2-b0.a1'
+    """
+    return f"{out_dir}/work/{world}"
 
 
 def write_typed(path: str | os.PathLike[str], value: _Json) -> None:

@@ -37,7 +37,6 @@ Example::
 from __future__ import annotations
 
 import datetime
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -106,12 +105,8 @@ class SubWorld:
             dist.destroy_process_group()
         self.held, self.held_ranks, self.dirty = -1, (), False
         local, size = ranks.index(self.rank), len(ranks)
-        # What a case reads of its world, as torchrun would have set it for `size` ranks.
-        # LOCAL_RANK stays the device index on a GPU (a case may pick its device by it).
-        os.environ["WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"] = str(size)
-        os.environ["RANK"] = str(local)
-        if self.device != "cuda":
-            os.environ["LOCAL_RANK"] = str(local)
+        # What a case reads of its world (RANK, WORLD_SIZE, ...) is set at the start of
+        # every cell, reused group or not: cpmatrix.remote.cellenv.
         dist.init_process_group(
             backend=self.backend,
             store=dist.PrefixStore(  # type: ignore[attr-defined]  # public, not in stubs

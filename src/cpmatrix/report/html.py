@@ -42,10 +42,11 @@ STATUS_COLORS: Final = {
     Status.CRASH: "#7a0e0e",
     Status.SKIPPED: "#adb5bd",
     Status.INTERRUPTED: "#495057",
+    Status.INFRA: "#1c7ed6",
 }
 #: Failures in the order a reader should look at them (as the console summary does).
 _BAD_ORDER: Final = (Status.CRASH, Status.TIMEOUT, Status.FAILED, Status.FLAKY,
-                     Status.INTERRUPTED)
+                     Status.INFRA, Status.INTERRUPTED)
 _MESH_RE: Final = re.compile(r"^(\d+)x(\d+)\Z")
 _NO_MESH: Final = "-"
 #: Evidence shown first (and in the hover text), as ``(error, its tolerance)`` pairs.

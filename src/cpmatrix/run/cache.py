@@ -45,7 +45,11 @@ __all__ = ["ActionKeys", "ResultCache", "default_cache_dir"]
 _PACKAGE_DIR = PACKAGE_DIR
 #: Modules of cpmatrix that run inside the world: a change to them changes every result.
 _RUNTIME_MODULES = ("cpmatrix.remote.world_main", "cpmatrix.cell", "cpmatrix.fsutil",
-                    "cpmatrix.remote.isolation", "cpmatrix.remote.procs")
+                    "cpmatrix.remote.isolation", "cpmatrix.remote.procs",
+                    "cpmatrix.remote.cellenv", "cpmatrix.remote.inventory",
+                    "cpmatrix.remote.namespaces", "cpmatrix.remote.hygiene",
+                    "cpmatrix.remote.forks", "cpmatrix.remote.exchange",
+                    "cpmatrix.remote.meshes", "cpmatrix.remote.stacks")
 
 
 def default_cache_dir() -> Path:

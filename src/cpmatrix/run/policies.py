@@ -56,6 +56,9 @@ class CrashRetry:
     def decide(self, entry: Entry, result: Result, *, retries: bool,
                ) -> tuple[Result | None, Entry | None]:
         key = entry.key
+        if result.status is Status.INFRA:  # no verdict at all: nothing to retry or compare
+            self.first_crash.pop(key, None)
+            return result, None
         if entry.attempt > 1 and key in self.first_crash:
             first = self.first_crash.pop(key)
             if result.status is Status.PASSED:

@@ -48,6 +48,9 @@ __all__ = ["RunReport", "load_durations", "run_cells"]
 
 #: How often a job that never starts is launched again before its cells fail.
 START_RETRIES = 2
+#: How often a batch's job may be ended from outside (a Slurm job cancelled, past its
+#: time limit, its node lost) before its unfinished cells end ``infra``.
+LOST_RETRIES = 2
 
 
 @dataclass
@@ -107,6 +110,8 @@ class _Item:
     launches: int = 0
     failed_starts: int = 0
     last_error: str = ""
+    #: Jobs of this batch the infrastructure ended from outside.
+    lost: int = 0
 
 
 def run_cells(
@@ -348,10 +353,26 @@ class _Session:
             self.queue.appendleft(_Item(batch=item.batch, entries=job.remaining,
                                         executor=item.executor, launches=item.launches,
                                         failed_starts=item.failed_starts))
+        elif job.lost and job.remaining:
+            # Ended from outside: no cell in flight is to blame; all of them run again in
+            # a new job, or, when that keeps happening, end with no verdict ("infra").
+            lost = item.lost + 1
+            if lost > LOST_RETRIES:
+                for entry in job.remaining:
+                    self.finish(item, entry, Result(
+                        cell_id=entry.cell.id, status=Status.INFRA, attempts=entry.attempt,
+                        message=f"no verdict: {item.executor.noun} running this cell was "
+                        f"ended from outside {lost} times, last: {job.lost}",
+                        mutant=entry.mutant, out_dir=entry.out_dir))
+                return
+            self.queue.appendleft(_Item(batch=item.batch, entries=job.remaining,
+                                        executor=item.executor, launches=item.launches,
+                                        lost=lost))
         elif job.remaining:
             # A fault (or a recycle) took the job down: the rest runs in a fresh one.
             self.queue.appendleft(_Item(batch=item.batch, entries=job.remaining,
-                                        executor=item.executor, launches=item.launches))
+                                        executor=item.executor, launches=item.launches,
+                                        lost=item.lost))
 
     def kill_jobs(self) -> None:
         for _, job in self.active:

@@ -12,8 +12,10 @@ same for both schedulers:
 - :class:`SlurmJob` wraps one executor job and adds what only Slurm knows: a job still
   PENDING past ``pending_timeout_s`` fails its cells with a clear message (the world's
   start-up clock only runs once Slurm runs it); a job Slurm ended (``scancel``, time
-  limit, node failure, preemption) fails its in-flight cell naming the Slurm state, and
-  the executor hands the rest back to run in a fresh job; killing the job ``scancel``\\ s it.
+  limit, node failure, preemption) blames none of its cells: every cell in flight runs
+  again, with the rest, in a new job (:data:`cpmatrix.run.session.LOST_RETRIES` times at
+  most; then they end ``infra``, which no gate policy accepts); killing the job
+  ``scancel``\\ s it.
 
 Example::
 
@@ -243,6 +245,10 @@ class SlurmJob:
         self.submitted_at = 0.0
         self.running = False
         self._pending_failed = False
+        #: Why Slurm ended the job ("" if it did not); the cell the world blamed for it,
+        #: handed back to run again.
+        self._lost = ""
+        self._rerun: list[Entry] = []
 
     # The Job protocol, delegated.
     @property
@@ -263,7 +269,13 @@ class SlurmJob:
 
     @property
     def remaining(self) -> list[Entry]:
-        return [] if self._pending_failed else self.inner.remaining
+        if self._pending_failed:
+            return []
+        return [*self._rerun, *self.inner.remaining]
+
+    @property
+    def lost(self) -> str:
+        return self._lost
 
     @property
     def start_failed(self) -> bool:
@@ -305,7 +317,7 @@ class SlurmJob:
         results = self.inner.poll()
         if self.inner.finished and self.slurm_name \
                 and self.slurm_name not in self.runner.cancelled:
-            results = self._name_slurm_verdict(results)
+            results = self._slurm_verdict(results)
         return results
 
     def _fail_pending(self, st: JobState, waited: float) -> list[tuple[Entry, Result]]:
@@ -322,9 +334,11 @@ class SlurmJob:
                            message=msg, mutant=e.mutant, attempts=e.attempt,
                            out_dir=e.out_dir)) for e in self.inner.entries]
 
-    def _name_slurm_verdict(self, results: list[tuple[Entry, Result]]
-                            ) -> list[tuple[Entry, Result]]:
-        """A world that died because Slurm ended its job: say so on the in-flight cell."""
+    def _slurm_verdict(self, results: list[tuple[Entry, Result]]
+                       ) -> list[tuple[Entry, Result]]:
+        """A world that died because Slurm ended its job blames none of its cells: the
+        crash the world blamed (its earliest cell in flight, as nobody was seen dying) is
+        taken back, and that cell runs again with the others, in a new job."""
         if not any(r.status is Status.CRASH for _, r in results):
             return results
         st = self.runner.state(self.slurm_name, fresh=True)
@@ -338,8 +352,9 @@ class SlurmJob:
             return results
         why = f"Slurm ended job {st.job_id} ({st.state}"
         why += f", {st.reason})" if st.reason and st.reason != "None" else ")"
-        return [(e, _blame_slurm(r, why) if r.status is Status.CRASH else r)
-                for e, r in results]
+        self._lost = why
+        self._rerun = [e for e, r in results if r.status is Status.CRASH]
+        return [(e, r) for e, r in results if r.status is not Status.CRASH]
 
     def kill(self) -> None:
         # scancel first: the job then ends CANCELLED (killing srun first would leave it
@@ -347,13 +362,6 @@ class SlurmJob:
         if self.slurm_name:
             self.runner.cancel(self.slurm_name)
         self.inner.kill()
-
-
-def _blame_slurm(result: Result, why: str) -> Result:
-    """The crash, with Slurm named as the cause on the result and each rank's failure
-    (the headline, which summaries and a retry's FLAKY message quote, reads the latter)."""
-    return replace(result, message=f"{why}: {result.message}", failures=tuple(
-        replace(f, message=f"{why}: {f.message}") for f in result.failures))
 
 
 def slurm_scheduling(options: RunOptions, context: RunContext

@@ -23,9 +23,9 @@ def _out_root(cell) -> Path:
     return Path(cell.out_dir).parents[2]  # <out>/cells/<cell>/rank<r>
 
 
-def _world_rank() -> int:
-    """This process's rank in the launched world (from the world folder's pid files)."""
-    for path in Path(os.getcwd()).glob("rank*.pid"):
+def _world_rank(cell) -> int:
+    """This process's rank in the launched world (from the world folders' pid files)."""
+    for path in (_out_root(cell) / "worlds").glob("*/rank*.pid"):
         if json.loads(path.read_text())["pid"] == os.getpid():
             return int(path.name[4:-4])
     raise AssertionError("no pid file names this process")
@@ -57,7 +57,7 @@ def _meet(cell, me: str, partner: str) -> None:
 
 def _record_group(cell) -> None:
     """The group is exactly the cell's ranks; a derived (flattened) mesh works on it."""
-    cell.record("world_rank", _world_rank())
+    cell.record("world_rank", _world_rank(cell))
     cell.record("dist_world_size", dist.get_world_size())
     cell.record("env_world_size", int(os.environ["WORLD_SIZE"]))
     cell.record("env_rank", int(os.environ["RANK"]))

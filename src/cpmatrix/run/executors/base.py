@@ -49,6 +49,11 @@ class Job(Protocol):
         """True when the job never started a cell; the session may retry it."""
     @property
     def start_error(self) -> str: ...
+    @property
+    def lost(self) -> str:
+        """Why the infrastructure ended the job from outside (a scheduler's cancel, time
+        limit, node failure), or "": its unfinished cells (``remaining``, the ones in
+        flight too) have no verdict and run again; none of them is blamed."""
 
     def start(self) -> None:
         """Launch; an OS error fails the job's cells, never the run."""

@@ -89,6 +89,7 @@ class CompileRun:
         self.remaining: list[Entry] = []
         self.start_failed = False
         self.start_error = ""
+        self.lost = ""
         self._next = 0
         self._started: float | None = None
 

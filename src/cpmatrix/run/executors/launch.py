@@ -149,12 +149,22 @@ class Progress:
                                 run=self.run_id)
             # Markers are written atomically: a file that is there is whole. One that does
             # not read as this run's (another run's, on a shared --out) is never evidence.
-            self._seen.add(name)
             if marker is None:
+                self._seen.add(name)
                 continue
             if isinstance(marker, Outcome):
+                if marker.final:
+                    self._seen.add(name)  # else read again: the final one replaces it
+                previous = self.dones.get((index, rank))
                 self.dones[(index, rank)] = marker
-                new.append(marker)
+                if previous is None or previous.final != marker.final:
+                    new.append(marker)
             else:
+                self._seen.add(name)
                 self.starts[(index, rank)] = marker  # type: ignore[assignment]
         return new
+
+    def final(self, index: int, rank: int) -> bool:
+        """The rank's outcome of cell ``index`` is in, and final (its groups checked)."""
+        done = self.dones.get((index, rank))
+        return done is not None and done.final

@@ -24,11 +24,13 @@ when a world ends, every process carrying its token is killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, tail_lines
@@ -41,6 +43,7 @@ from cpmatrix.remote.protocol import (
     RankLeft,
     WorldSpec,
     read_typed,
+    work_folder,
     write_typed,
 )
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
@@ -132,6 +135,7 @@ class WorldRun:
         self.results: list[tuple[Entry, Result]] = []
         self.start_failed = False
         self.start_error = ""
+        self.lost = ""
         self._reported: set[int] = set()
         self._pids: dict[int, int] = {}
         self._dead: dict[int, tuple[float, str]] = {}
@@ -201,7 +205,7 @@ class WorldRun:
 
     def _report(self, i: int, result: Result) -> None:
         self._reported.add(i)
-        self.results.append((self.entries[i], result))
+        self.results.append((self.entries[i], self._with_folder(self.entries[i], result)))
 
     # ------------------------------------------------------------------ poll
     def _read_progress(self) -> None:
@@ -273,8 +277,25 @@ class WorldRun:
             if i in self._reported:
                 continue
             outs = [o for o in self._outcomes(i).values() if o is not None]
-            if len(outs) == len(self._ranks(i)):
+            # Every rank's outcome in, and final: a rank still checking the groups the
+            # cell used may yet find the cell left one unusable (remote/hygiene.py).
+            if len(outs) == len(self._ranks(i)) and all(o.final for o in outs):
                 self._report(i, result_from_outcomes(entry, outs, tails=self._tails(i)))
+
+    def _with_folder(self, entry: Entry, result: Result) -> Result:
+        """A passed cell's working folder (``cwd``, ``home``, ``tmp`` of its ranks;
+        remote/cellenv.py) is removed; a failed cell's is kept, and its result names it.
+
+        Here, not in the ranks: the supervisor's process is off the cells' path (an
+        ``rmtree`` in a rank cost 1-10 ms per cell on a loaded 2-core machine)."""
+        rel = work_folder(entry.out_dir, self.name)
+        if result.status is Status.PASSED:
+            _remove_folder(self.context.out_root / rel)
+            return result
+        if not (self.context.out_root / rel).is_dir():
+            return result
+        note = f"working folder kept: {rel}"
+        return replace(result, message=f"{result.message}; {note}" if result.message else note)
 
     def _tails(self, i: int) -> dict[int, str]:
         tails = {}
@@ -362,7 +383,10 @@ class WorldRun:
             self._hand_back()
             return
         outs = self._outcomes(i)
-        missing = [r for r, o in outs.items() if o is None]
+        # Ranks still in the case; else ranks that left it but never finished checking
+        # the groups it used (a probe that hangs: a group the cell left in error).
+        missing = [r for r, o in outs.items() if o is None] or \
+            [r for r, o in outs.items() if o is not None and not o.final]
         if kind is FailureKind.ERROR:
             result = result_from_outcomes(
                 entry, [o for o in outs.values() if o is not None], tails=self._tails(i),
@@ -388,6 +412,8 @@ class WorldRun:
         self.remaining = [e for j, e in enumerate(self.entries) if j not in self._reported]
         self._reported.update(range(len(self.entries)))
         self.finished = True
+        for entry in self.remaining:  # not failed: its folder of this launch goes
+            _remove_folder(self.context.out_root / work_folder(entry.out_dir, self.name))
 
     def _on_world_exit(self, reason: str = "") -> None:
         """torchrun is gone with cells unfinished: a crash, or a world that never started."""
@@ -459,6 +485,13 @@ class WorldRun:
 
     def launcher_tail(self) -> str:
         return tail_lines(self.dir / "torchrun.log")
+
+
+def _remove_folder(folder: Path) -> None:
+    """A cell's working folder of one launch, and ``work/`` when nothing else is in it."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()
 
 
 def _physical_devices(pool: tuple[int, ...], env: Mapping[str, str]) -> str:
