@@ -123,6 +123,7 @@ def test_pass_output_names_what_was_and_was_not_checked(
     assert capsys.readouterr().out.splitlines() == [
         "required  4 cells (3 passed, 1 skipped); presence not checked "
         "(no matrix in the policy, no baseline)",
+        "sources   not checked (no matrix: give --matrix or a matrix: in the policy)",
         "mutants   2/2 killed",
         "drift     not checked (no baseline)",
         "PASS  gate 'loose': every check passed over 4 required cells",

@@ -147,6 +147,8 @@ class CompileJob(_Json):
     cache_dir: str | None
     search_path: list[str]
     cells: list[CellSpec]
+    #: The run's output folder: what the cells write there is not what they read.
+    out_root: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,6 +187,9 @@ class Outcome(_Json):
     log_end: int | None = None
     #: The case changed process state that cannot be restored: the world is recycled.
     recycle: bool = False
+    #: What the cell read on this rank (:mod:`cpmatrix.remote.observe`): path ->
+    #: signature. None when it was not observed (such a pass is never cached).
+    reads: dict[str, str] | None = None
 
     @property
     def ok(self) -> bool:

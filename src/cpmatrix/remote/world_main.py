@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
+from cpmatrix.remote.observe import ReadObserver
 from cpmatrix.remote.procs import (
     descendants,
     kill_all,
@@ -362,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     dumper = _StackDumper(world_dir / "dump.request")
     threading.Thread(target=dumper.watch, name="cpmatrix-stacks", daemon=True).start()
     isolation = CellIsolation(project_roots=world.project_roots)
+    # What each cell reads completes the cache key (the run's own folder is the cells').
+    observer = ReadObserver(skip=(world.out_root, world.dir))
     # Set once a cell changed what cannot be restored: this process runs no more cells,
     # it only tells the peers of its remaining cells to skip them (they rerun elsewhere).
     tainted = False
@@ -389,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                 index=index, rank=local, id=spec.id, run=world.run_id, time=time.time(),
                 log_offset=_log_offset()))
             isolation.before_cell()
+            observer.start()
             outcome, mesh = run_cell(world, index, spec, local, meshes)
+            outcome = dataclasses.replace(outcome, reads=observer.stop())
             problems = isolation.after_cell()
             if problems:
                 outcome = _blame_state(outcome, problems)
