@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     set_parent_death_signal()
     progress = Path(job.progress)
     cache_dir = Path(job.cache_dir) if job.cache_dir else None
-    # What each cell reads completes the cache key (the run's own folder is the cells').
-    observer = ReadObserver(skip=(job.out_root, str(progress.parent)))
+    # What each cell reads completes the cache key. Not: the run's own folder (the cells'),
+    # and the compile cache, whose entries are the cells' own results, keyed by what made
+    # them (the kernel source, its spec, the toolchain: all in the pre-key).
+    observer = ReadObserver(skip=(job.out_root, str(progress.parent), job.cache_dir or ""))
     for i, cell in enumerate(job.cells):
         write_typed(progress / marker_name(i, 0, "start"),
                     StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))

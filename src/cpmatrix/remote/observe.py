@@ -57,12 +57,13 @@ import stat
 import sys
 import sysconfig
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib.machinery import all_suffixes
 from importlib.util import source_from_cache
 from typing import Any
 
-__all__ = ["ABSENT", "CHANGED", "IMPORTABLE_SUFFIXES", "ReadObserver", "importable", "signature"]
+__all__ = ["ABSENT", "CHANGED", "IMPORTABLE_SUFFIXES", "ReadObserver", "importable",
+           "signature", "warm"]
 
 #: The signature of a path that does not exist.
 ABSENT = "-"
@@ -151,16 +152,17 @@ def _record_files(entries: Iterable[str]) -> frozenset[str]:
 
 
 class _Classifier:
-    """Decides once per path whether it is observed (outside the stdlib and RECORDs)."""
+    """Decides once per path whether it is outside the standard library and the RECORDs
+    (the part that does not depend on a world: made once per process, see :func:`warm`)."""
 
-    def __init__(self, skip: Sequence[str]) -> None:
+    def __init__(self) -> None:
         base = sysconfig.get_paths(vars={"base": sys.base_prefix,
                                          "platbase": sys.base_exec_prefix})
         stdlib = {base["stdlib"], base["platstdlib"]}
         stdlib |= {os.path.realpath(p) for p in stdlib}
         version = f"python{sys.version_info[0]}{sys.version_info[1]}.zip"
-        zips = {os.path.join(sys.base_prefix, "lib", version),
-                os.path.join(sys.base_exec_prefix, "lib", version)}
+        self.zips = (os.path.join(sys.base_prefix, "lib", version),
+                     os.path.join(sys.base_exec_prefix, "lib", version))
         self.stdlib = tuple(p.rstrip(os.sep) + os.sep for p in stdlib)
         #: Site folders live under the stdlib folder in a plain (non-venv) install:
         #: what is below them is not the standard library.
@@ -168,7 +170,6 @@ class _Classifier:
                                                                  "dist-packages")}
         sites |= {os.path.realpath(p) for p in sites}
         self.sites = tuple(p.rstrip(os.sep) + os.sep for p in sites)
-        self.skip = (*_SYSTEM, *(p.rstrip(os.sep) + os.sep for p in skip if p), *zips)
         self.record = _record_files(os.path.abspath(p) for p in sys.path if p)
         self.memo: dict[str, bool] = {}
 
@@ -177,7 +178,7 @@ class _Classifier:
         if hit is not None:
             return hit
         inside = path + os.sep  # a folder itself is inside its own prefix
-        if inside.startswith(self.skip) or path in self.record or (
+        if inside.startswith(_SYSTEM) or path in self.zips or path in self.record or (
                 inside.startswith(self.stdlib) and not inside.startswith(self.sites)):
             verdict = False
         else:
@@ -185,6 +186,27 @@ class _Classifier:
             verdict = os.path.join(path, "__init__.py") not in self.record
         self.memo[path] = verdict
         return verdict
+
+
+#: Made once per process (:func:`warm`): the classifier and, per loaded module, (a weak
+#: reference to it, its observed file or "", the file's signature when first seen, its
+#: observed package folders).
+_CLASSIFIER: _Classifier | None = None
+_MODULES: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {}
+
+
+def warm() -> _Classifier:
+    """Read the RECORDs and look at every module loaded so far, once per process.
+
+    The fork launcher imports the rank's module before it forks; a call there does the
+    work once for all of its ranks (about a tenth of a second for torch's ~30,000 RECORD
+    lines and ~2,000 modules).
+    """
+    global _CLASSIFIER
+    if _CLASSIFIER is None:
+        _CLASSIFIER = _Classifier()
+        _scan(_MODULES, _CLASSIFIER.observed, {})
+    return _CLASSIFIER
 
 
 def _absolute(path: Any) -> str | None:
@@ -210,7 +232,8 @@ class ReadObserver:
     _current: ReadObserver | None = None
 
     def __init__(self, skip: Sequence[str]) -> None:
-        self.classifier = _Classifier(skip)
+        self.classifier = warm()
+        self.skip = tuple(p.rstrip(os.sep) + os.sep for p in skip if p)
         self.active = False
         #: path -> signature at first read in this cell (``d`` for a listed folder).
         self.reads: dict[str, str] = {}
@@ -221,16 +244,17 @@ class ReadObserver:
         #: (a module-level cache of a data file, a module loaded without being
         #: registered, a module an earlier cell imported: all still there).
         self.seen: dict[str, str] = {}
-        #: Per loaded module: (a weak reference to it, its file, the signature at load,
-        #: its observed package folders).
-        self.modules: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {}
         ReadObserver._current = self
         if not ReadObserver._hook_installed:
             sys.addaudithook(_dispatch)
             ReadObserver._hook_installed = True
         # Modules loaded before the first cell (the world's own imports): their
-        # signature now is the nearest to their load time this observer can know.
+        # signature when first seen is the nearest to their load time one can know.
         self.seen.update(self._scan_modules({})[0])
+
+    def observed(self, path: str) -> bool:
+        """Whether ``path`` is observed: outside ``skip``, the stdlib and the RECORDs."""
+        return not (path + os.sep).startswith(self.skip) and self.classifier.observed(path)
 
     # ------------------------------------------------------------------ per cell
     def start(self) -> None:
@@ -270,7 +294,7 @@ class ReadObserver:
             self._on_open(*args[:3])
         elif event in ("os.listdir", "os.scandir"):
             path = _absolute(args[0] if args else None)
-            if path is not None and path not in self.reads and self.classifier.observed(path):
+            if path is not None and path not in self.reads and self.observed(path):
                 sig = signature(path)
                 self.reads[path] = ("d" + sig[1:]) if sig.startswith("d:") else sig
 
@@ -295,7 +319,7 @@ class ReadObserver:
                 source = full
             if os.path.exists(source):
                 full = source  # the byte code of this source: the source is what counts
-        if full in self.reads or not self.classifier.observed(full):
+        if full in self.reads or not self.observed(full):
             return
         if truncating:
             self.produced.add(full)  # from here on its content is the cell's own output
@@ -308,64 +332,77 @@ class ReadObserver:
         """The observed modules now loaded (file -> signature at load), the observed
         folders of the loaded packages (their ``__path__``), and the files of modules
         that left ``sys.modules`` since the last scan (unloaded: dropped between cells).
-
-        A module's signature is the one its file had when this observer first saw the
-        module: when a recorded cell opened it (``opened``), else when the module was
-        first found loaded (before the first cell: the world's own imports). Each module
-        object is looked at once (a weak reference tells a re-imported module apart).
         """
-        found: dict[str, str] = {}
-        folders: dict[str, None] = {}
-        known = self.modules
-        for name, module in list(sys.modules.items()):
-            hit = known.get(name)
-            if hit is None or hit[0]() is not module:
-                hit = self._look(module, opened)
-                try:
-                    known[name] = (weakref.ref(module), *hit[1:])
-                except TypeError:  # not a module object: looked at again next time
-                    pass
-            if hit[1]:
-                found[hit[1]] = hit[2]
-            for folder in hit[3]:
-                folders[folder] = None
-        unloaded = []
-        for name in [n for n in known if n not in sys.modules]:
-            file = known.pop(name)[1]
-            if file and file not in found:
-                unloaded.append(file)
-        return found, list(folders), unloaded
-
-    def _look(self, module: Any, opened: dict[str, str]) -> tuple[Any, str, str, tuple[str, ...]]:
-        """``(None, file, signature, package folders)`` of a module not seen before."""
-        file = _own(module, "__file__")
-        path = _absolute(file) if isinstance(file, str) else None
-        if path is None or not self.classifier.observed(path) or (
-                not os.path.isabs(str(file)) and not os.path.exists(path)):
-            path, sig = "", ""  # built in, not observed, or a made-up relative name
-        else:
-            sig = opened.get(path) or signature(path)
-        paths = _own(module, "__path__")
-        try:
-            entries = list(paths) if paths is not None else []
-        except Exception:  # an odd object in sys.modules
-            entries = []
-        folders = []
-        for entry in entries:
-            folder = _absolute(entry) if isinstance(entry, str) else None
-            if folder is not None and self.classifier.observed(folder):
-                folders.append(folder)
-        return None, path, sig, tuple(folders)
+        found, folders, unloaded = _scan(_MODULES, self.observed, opened)
+        skip = self.skip
+        if skip:  # a module first seen before this world knew its own folder
+            found = {p: s for p, s in found.items() if not (p + os.sep).startswith(skip)}
+        return found, folders, unloaded
 
     def _import_folders(self, packages: list[str]) -> list[str]:
         """Every folder an import searches: ``sys.path`` and the loaded packages'."""
         folders: dict[str, None] = {}
         for entry in sys.path:
             path = _absolute(entry or None)
-            if path is not None and self.classifier.observed(path):
+            if path is not None and self.observed(path):
                 folders[path] = None
         folders.update(dict.fromkeys(packages))
         return list(folders)
+
+
+def _scan(known: dict[str, tuple[Any, str, str, tuple[str, ...]]],
+          observed: Callable[[str], bool], opened: dict[str, str],
+          ) -> tuple[dict[str, str], list[str], list[str]]:
+    """Look at ``sys.modules`` (each module object once: a weak reference tells a
+    re-imported module apart); see :meth:`ReadObserver._scan_modules`.
+
+    A module's signature is the one its file had when first seen: when a recorded cell
+    opened it (``opened``), else when the module was first found loaded (before the
+    first cell: the world's own imports).
+    """
+    found: dict[str, str] = {}
+    folders: dict[str, None] = {}
+    for name, module in list(sys.modules.items()):
+        hit = known.get(name)
+        if hit is None or hit[0]() is not module:
+            hit = _look(module, observed, opened)
+            try:
+                known[name] = (weakref.ref(module), *hit[1:])
+            except TypeError:  # not a module object: looked at again next time
+                pass
+        if hit[1]:
+            found[hit[1]] = hit[2]
+        for folder in hit[3]:
+            folders[folder] = None
+    unloaded = []
+    for name in [n for n in known if n not in sys.modules]:
+        file = known.pop(name)[1]
+        if file and file not in found:
+            unloaded.append(file)
+    return found, list(folders), unloaded
+
+
+def _look(module: Any, observed: Callable[[str], bool], opened: dict[str, str],
+          ) -> tuple[Any, str, str, tuple[str, ...]]:
+    """``(None, file, signature, package folders)`` of a module not seen before."""
+    file = _own(module, "__file__")
+    path = _absolute(file) if isinstance(file, str) else None
+    if path is None or not observed(path) or (
+            not os.path.isabs(str(file)) and not os.path.exists(path)):
+        path, sig = "", ""  # built in, not observed, or a made-up relative name
+    else:
+        sig = opened.get(path) or signature(path)
+    paths = _own(module, "__path__")
+    try:
+        entries = list(paths) if paths is not None else []
+    except Exception:  # an odd object in sys.modules
+        entries = []
+    folders = []
+    for entry in entries:
+        folder = _absolute(entry) if isinstance(entry, str) else None
+        if folder is not None and observed(folder):
+            folders.append(folder)
+    return None, path, sig, tuple(folders)
 
 
 def _own(module: Any, name: str) -> Any:

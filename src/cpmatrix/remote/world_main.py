@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
-from cpmatrix.remote.observe import ReadObserver
+from cpmatrix.remote.observe import ReadObserver, warm
 from cpmatrix.remote.procs import (
     descendants,
     kill_all,
@@ -62,6 +62,10 @@ from cpmatrix.remote.protocol import (
     read_typed,
     write_typed,
 )
+
+# The fork launcher imports this module before it forks: reading the RECORDs and looking
+# at every loaded module once here does it once for every rank (the cache's observer).
+warm()
 
 
 def _redirect_output(log_path: Path) -> TextIO:
