@@ -371,10 +371,16 @@ def test_settle_hashes_what_the_ranks_saw(tree: Path) -> None:
         assert hashes.matches(path, digest), path
 
 
-@pytest.mark.parametrize("change", ["edit", "delete", "create", "changed-on-a-rank",
-                                    "folder-for-file", "unknown-kind"])
-def test_settle_refuses_a_path_that_changed_after_a_rank_read_it(tree: Path,
-                                                                 change: str) -> None:
+@pytest.mark.parametrize(("change", "why"), [
+    ("edit", "changed after the cell read it"),
+    ("delete", "changed after the cell read it"),
+    ("create", "changed after the cell read it"),
+    ("folder-for-file", "changed after the cell read it"),
+    ("changed-on-a-rank", "changed while the cell ran"),
+    ("unknown-kind", "unknown signature"),
+])
+def test_settle_refuses_a_path_that_changed_after_a_rank_read_it(tree: Path, change: str,
+                                                                 why: str) -> None:
     data = str(tree / "data.txt")
     reads = {data: signature(data)}
     if change == "edit":
@@ -390,9 +396,27 @@ def test_settle_refuses_a_path_that_changed_after_a_rank_read_it(tree: Path,
         reads = {str(tree / "lib"): "f" + signature(str(tree / "lib"))[1:]}
     else:
         reads = {data: "z" + signature(data)[1:]}
-    why = ReadHashes().settle(reads)
-    assert isinstance(why, str), why
-    assert why.startswith(next(iter(reads))), why
+    path, sig = next(iter(reads.items()))
+    expected = f"{path}: unknown signature {sig!r}" if why == "unknown signature" \
+        else f"{path} {why}"
+    assert ReadHashes().settle(reads) == expected
+
+
+def test_settle_refuses_a_file_edited_while_it_was_hashed(
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = str(tree / "data.txt")
+    real = signature(data)
+    seen = iter([real, real, real, "f:9:9:9:9"])  # settle, digest, digest, settle again
+    monkeypatch.setattr(cache, "signature", lambda path: next(seen))
+    assert ReadHashes().settle({data: real}) == f"{data} changed while it was hashed"
+
+
+def test_settle_checks_every_path_not_only_the_first(tree: Path) -> None:
+    data, later = str(tree / "data.txt"), str(tree / "zz.txt")
+    (tree / "zz.txt").write_text("z")
+    reads = {data: signature(data), later: signature(later)}
+    (tree / "zz.txt").write_text("zz")
+    assert ReadHashes().settle(reads) == f"{later} changed after the cell read it"
 
 
 def test_settle_skips_a_containers_own_files_only_for_such_a_runner(tree: Path) -> None:
@@ -508,3 +532,31 @@ def test_a_stored_entry_is_the_same_result_marked_cached(tmp_path: Path) -> None
     assert hit is not None
     assert hit.status is Status.CACHED and hit.evidence == {"x": 1} and hit.duration_s == 2.5
     assert cache.get("ab" * 32, "other") is None
+
+
+@pytest.mark.parametrize("text", ["[]", '"x"', '{"result": []}', '{"result": {}, "reads": {}}',
+                                  "{not json", ""])
+def test_entries_that_are_not_entries_are_misses(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "results" / "ab" / f"{'ab' * 32}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    assert ResultCache(tmp_path).get("ab" * 32, "c") is None
+
+
+def test_an_entry_that_is_no_pass_is_a_miss(tmp_path: Path) -> None:
+    cache = ResultCache(tmp_path)
+    cache.put("ab" * 32, Result(cell_id="c", status=Status.PASSED), {})
+    path = tmp_path / "results" / "ab" / f"{'ab' * 32}.json"
+    data = json.loads(path.read_text())
+    data["result"]["status"] = "failed"
+    path.write_text(json.dumps(data))
+    assert cache.get("ab" * 32, "c") is None
+
+
+def test_the_entry_lists_its_reads_in_path_order(tmp_path: Path, tree: Path) -> None:
+    cache = ResultCache(tmp_path)
+    reads = {str(tree / "lib"): "py:1", str(tree / "data.txt"): "sha256:2"}
+    cache.put("ab" * 32, Result(cell_id="c", status=Status.PASSED), reads)
+    entry = json.loads((tmp_path / "results" / "ab" / f"{'ab' * 32}.json").read_text())
+    assert list(entry["reads"]) == sorted(reads)
+    assert set(entry) == {"format", "key", "stored_at", "reads", "result"}

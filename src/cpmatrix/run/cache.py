@@ -142,9 +142,8 @@ class ActionKeys:
         self._closure: dict[str, str] = {}
         self._source: dict[tuple[str, str, str], str] = {}
         # Read from the package itself: the code the worlds run, wherever it is installed.
-        runtime = {name: self.module_closure_digest(name) for name in WORKER_ENTRIES}
-        self.runtime_digest = hashlib.sha256(
-            canonical_json({"version": __version__, "closures": runtime}).encode()).hexdigest()
+        runtime = [__version__, *(self.module_closure_digest(name) for name in WORKER_ENTRIES)]
+        self.runtime_digest = hashlib.sha256(canonical_json(runtime).encode()).hexdigest()
 
     def _local(self, module: str) -> tuple[str, bytes] | None:
         try:
@@ -196,10 +195,10 @@ class ActionKeys:
         key = (cell.digest, cell.case, self.runtime_digest)
         hit = self._source.get(key)
         if hit is None:
-            payload = {"cell": cell.digest,
-                       "closure": self.module_closure_digest(cell.case.split(":", 1)[0]),
-                       "runtime": self.runtime_digest}
-            hit = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+            # The cell, its imports, cpmatrix's world-side code (in this order).
+            parts = [cell.digest, self.module_closure_digest(cell.case.split(":", 1)[0]),
+                     self.runtime_digest]
+            hit = hashlib.sha256(canonical_json(parts).encode()).hexdigest()
             self._source[key] = hit
         return hit
 
@@ -241,6 +240,16 @@ def merge_reads(per_rank: Sequence[Mapping[str, str] | None]) -> dict[str, str] 
 _KIND_PREFIX: Final = {"f": "sha256:", "d": "ls:", "p": "py:"}
 
 
+def _signature_kind(kind: str) -> str:
+    """What ``stat`` says a path of an observed ``kind`` is: a file, or a folder (a listed
+    folder ``d`` and a folder imports search ``p`` are both folders).
+
+    >>> [_signature_kind(k) for k in ("f", "d", "p")]
+    ['f', 'd', 'd']
+    """
+    return "f" if kind == "f" else "d"
+
+
 class ReadHashes:
     """Content hashes of observed paths, each computed once per signature.
 
@@ -268,16 +277,13 @@ class ReadHashes:
         return value
 
     def _compute(self, path: str, kind: str, now: str) -> str:
-        if now == ABSENT or (now[0] == "d") != (kind in "dp"):
+        if now == ABSENT or _signature_kind(kind) != now[0]:
             return "absent"
         self.hashed += 1
         try:
             if kind == "f":
-                h = hashlib.sha256()
                 with open(path, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        h.update(block)
-                return "sha256:" + h.hexdigest()
+                    return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
             names = sorted(n for n in os.listdir(path) if kind == "d" or importable(n))
         except OSError as exc:
             return f"unreadable:{type(exc).__name__}"
@@ -297,14 +303,17 @@ class ReadHashes:
         for path, sig in sorted(reads.items()):
             if sig == CHANGED:
                 return f"{path} changed while the cell ran"
-            kind = sig[0] if sig != ABSENT else "f"
-            if kind not in _KIND_PREFIX:
+            if sig == ABSENT:
+                kind, expected = "f", ABSENT
+            elif sig[0] in _KIND_PREFIX:
+                # A rank's "d"/"p" folder is a folder here ("d" to stat): same signature.
+                kind, expected = sig[0], _signature_kind(sig[0]) + sig[1:]
+            else:
                 return f"{path}: unknown signature {sig!r}"
             now = signature(path)
-            if sig != ABSENT and now == ABSENT and private_files:
+            if now == ABSENT and private_files and sig != ABSENT:
                 continue
-            if now[:1] != (ABSENT if sig == ABSENT else "d" if kind in "dp" else "f") or (
-                    now[1:] != sig[1:]):
+            if now != expected:
                 return f"{path} changed after the cell read it"
             value = self.digest(path, kind)
             if signature(path) != now:
