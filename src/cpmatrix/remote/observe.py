@@ -19,11 +19,15 @@ What is observed:
   file stands for its source (``__pycache__/m.cpython-311.pyc`` -> ``m.py``). A file that
   does not exist is observed as absent (a later run that finds it reruns). A file the
   cell itself created or truncated before reading it is its own output, not an input.
-- **every module in** ``sys.modules`` **at the end of the cell** (its file, with the
-  signature it had when it was loaded): a module imported before the cell, by the world
-  or by an earlier cell, is still code the cell may run, and a cached import raises no
-  event. This is a superset of what the cell used, chosen because it can only cause an
-  extra rerun, never a false cached pass.
+- **everything read in this process before**: every module in ``sys.modules`` (its file,
+  with the signature it had when first seen) and every file an earlier cell of this rank
+  read, minus the files of modules since dropped from ``sys.modules`` (the project's
+  modules, which the isolation drops after each cell and the next cell imports afresh).
+  A module imported before the cell, by the world or by an earlier cell, is code the
+  cell may run though its import raises no event; a module loaded by path and never
+  registered, or a module-level cache of a data file, may still be used. This is a
+  superset of what the cell used, chosen because it can only cause an extra rerun,
+  never a false cached pass.
 - **folders**: those the cell listed (``os.listdir``/``os.scandir``: a glob over a data
   folder; kind ``d``, every name counts), and every folder imports search (each
   ``sys.path`` entry and each loaded package's ``__path__``; kind ``p``, only names that
@@ -37,7 +41,10 @@ own output folder (``skip``); ``/proc``, ``/sys``, ``/dev``; files opened by nat
 (C, C++, Rust) rather than through Python; files only ``stat``-ed.
 
 An audit hook cannot be removed, so one hook is installed per process, on the first
-:class:`ReadObserver`, and does nothing but return while no cell is recorded.
+:class:`ReadObserver`, and does nothing but return while no cell is recorded (about a
+microsecond per audit event). What is decided once per process (the RECORDs, the modules
+loaded so far) is done by :func:`warm`, which the rank module calls at import: the fork
+launcher imports it before it forks, so all of a world's ranks share that work.
 
 Example::
 
