@@ -560,3 +560,36 @@ def test_the_entry_lists_its_reads_in_path_order(tmp_path: Path, tree: Path) -> 
     entry = json.loads((tmp_path / "results" / "ab" / f"{'ab' * 32}.json").read_text())
     assert list(entry["reads"]) == sorted(reads)
     assert set(entry) == {"format", "key", "stored_at", "reads", "result"}
+
+
+def test_a_project_with_several_pythonpath_folders_reaches_each(tmp_path: Path) -> None:
+    first, second = tmp_path / "cases", tmp_path / "lib"
+    first.mkdir()
+    second.mkdir()
+    (first / "case.py").write_text("import helper\n")
+    (second / "helper.py").write_text("X = 1\n")
+    keys = ActionKeys(search_path=(str(first), str(second)))
+    assert set(keys.closure_sources("case")) == {"case", "helper"}
+    before = keys.module_closure_digest("case")
+    (second / "helper.py").write_text("X = 2\n")
+    assert ActionKeys(search_path=(str(first), str(second))).module_closure_digest(
+        "case") != before
+
+
+def test_a_source_digest_is_computed_once_per_cell(project: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = ActionKeys(search_path=(str(project),))
+    fake: Any = SimpleNamespace(digest="cell-1", case="pkg.case:run")
+    first = keys.source_digest(fake)
+
+    def walked(module: str) -> str:
+        raise AssertionError(f"{module}: the source digest must be memoized")
+
+    monkeypatch.setattr(keys, "module_closure_digest", walked)
+    assert keys.source_digest(fake) == first
+
+
+def test_a_cache_uses_the_hashes_it_is_given(tmp_path: Path) -> None:
+    hashes = ReadHashes()
+    assert ResultCache(tmp_path, hashes).hashes is hashes
+    assert isinstance(ResultCache(tmp_path).hashes, ReadHashes)

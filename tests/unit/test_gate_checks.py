@@ -243,9 +243,11 @@ def test_a_cell_without_a_digest_is_stale() -> None:
 
 
 def test_stale_skips_cells_the_matrix_does_not_know_and_interrupted_ones() -> None:
-    # not in the matrix: the missing check's business; interrupted: nothing ran
-    assert check_stale([cell(name="x", **{"source.digest": "c"}),
-                        cell(name="a", status=Status.INTERRUPTED)], NOW) == []
+    # not in the matrix: the missing check's business; interrupted: nothing ran; and the
+    # cells after them are still checked
+    rows = check_stale([cell(name="x", **{"source.digest": "c"}),
+                        cell(name="a", status=Status.INTERRUPTED), cell(name="b")], NOW)
+    assert [r.cell for r in rows] == ["b"]
 
 
 def test_stale_reads_the_cell_id_of_a_mutant_run() -> None:
@@ -267,6 +269,10 @@ def test_evaluate_checks_sources_only_when_given_digests() -> None:
         ("stale", "b"), ("status", "b"), ("status", "z")]
     assert checked.sources_checked == 2  # a and b; z never ran
     assert not checked.ok
+    # stale rows add to the others: a missing cell is still reported
+    both = evaluate(policy, cells, digests=NOW, expected=["a", "b", "gone"])
+    assert [(r.check, r.cell) for r in both.reasons][:2] == [("missing", "gone"),
+                                                            ("stale", "b")]
 
 
 # --------------------------------------------------------------------------------------

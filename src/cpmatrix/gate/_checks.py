@@ -112,7 +112,7 @@ def check_stale(cells: Iterable[ReportCell], digests: Mapping[str, str]) -> list
         want = digests.get(c.cell_id)
         if want is None or c.status is Status.INTERRUPTED:
             continue
-        got = c.properties.get(SOURCE_DIGEST, "")
+        got = c.properties.get(SOURCE_DIGEST)
         if not got:
             out.append(Reason("stale", c.name, "no source digest in the report (written by an "
                               "older cpmatrix, or by hand): run the cell again"))

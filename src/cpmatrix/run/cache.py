@@ -283,7 +283,7 @@ class ReadHashes:
         try:
             if kind == "f":
                 with open(path, "rb") as f:
-                    return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+                    return "sha256:" + hashlib.file_digest(f, hashlib.sha256).hexdigest()
             names = sorted(n for n in os.listdir(path) if kind == "d" or importable(n))
         except OSError as exc:
             return f"unreadable:{type(exc).__name__}"
