@@ -424,6 +424,15 @@ def test_settle_skips_a_containers_own_files_only_for_such_a_runner(tree: Path) 
     reads = {gone: "f:10:1:1:1"}  # seen by the ranks, not on this machine
     assert isinstance(ReadHashes().settle(reads), str)
     assert ReadHashes().settle(reads, private_files=True) == {}
+    # ... and the paths after it are still hashed (and checked)
+    data = str(tree / "zz.txt")
+    (tree / "zz.txt").write_text("z")
+    settled = ReadHashes().settle({gone: "f:10:1:1:1", data: signature(data)},
+                                  private_files=True)
+    assert settled == {data: "sha256:" + hashlib.sha256(b"z").hexdigest()}
+    # a path the ranks found absent is no container file: it must still be absent
+    assert ReadHashes().settle({data: ABSENT}, private_files=True) == \
+        f"{data} changed after the cell read it"
 
 
 def test_matches_rehashes_what_changed_and_nothing_else(tree: Path) -> None:

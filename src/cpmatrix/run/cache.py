@@ -303,17 +303,19 @@ class ReadHashes:
         for path, sig in sorted(reads.items()):
             if sig == CHANGED:
                 return f"{path} changed while the cell ran"
-            if sig == ABSENT:
-                kind, expected = "f", ABSENT
-            elif sig[0] in _KIND_PREFIX:
-                # A rank's "d"/"p" folder is a folder here ("d" to stat): same signature.
-                kind, expected = sig[0], _signature_kind(sig[0]) + sig[1:]
-            else:
-                return f"{path}: unknown signature {sig!r}"
             now = signature(path)
-            if now == ABSENT and private_files and sig != ABSENT:
+            if sig == ABSENT:  # looked for, not found: it must still not be there
+                if now != ABSENT:
+                    return f"{path} changed after the cell read it"
+                hashes[path] = "absent"
                 continue
-            if now != expected:
+            if sig[0] not in _KIND_PREFIX:
+                return f"{path}: unknown signature {sig!r}"
+            kind = sig[0]
+            if now == ABSENT and private_files:
+                continue
+            # A rank's "d"/"p" folder is a folder here ("d" to stat): same signature.
+            if now != _signature_kind(kind) + sig[1:]:
                 return f"{path} changed after the cell read it"
             value = self.digest(path, kind)
             if signature(path) != now:
