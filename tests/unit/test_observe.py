@@ -225,3 +225,38 @@ def test_record_files_lists_non_editable_distributions_only(tmp_path: Path) -> N
 ])
 def test_importable_names(name: str, ok: bool) -> None:
     assert importable(name) is ok
+
+
+def test_a_failing_observer_never_fails_the_case_and_leaves_it_unobserved(
+        obs: ReadObserver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "values.txt"
+    data.write_text("1.0")
+
+    def broken(path: object) -> str:
+        raise RuntimeError("observer bug")
+
+    monkeypatch.setattr(observe, "_absolute", broken)
+    obs.start()
+    assert data.read_text() == "1.0"  # the case's own open is untouched
+    assert obs.stop() is None  # ... and its pass will not be cached
+    monkeypatch.undo()
+    assert cell(obs, data.read_text) is not None  # the next cell is observed again
+
+
+def test_a_failing_scan_leaves_the_cell_unobserved(obs: ReadObserver,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> object:
+        raise RuntimeError("odd module")
+
+    monkeypatch.setattr(observe, "_scan", broken)
+    obs.start()
+    assert obs.stop() is None
+
+
+def test_an_editable_distribution_is_told_by_its_direct_url(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    for name, url in (("a-1.0", '{"dir_info": {"editable": false}}'), ("b-1.0", "not json")):
+        (site / f"{name}.dist-info").mkdir(parents=True)
+        (site / f"{name}.dist-info" / "RECORD").write_text(f"{name[0]}/x.py,,\n")
+        (site / f"{name}.dist-info" / "direct_url.json").write_text(url)
+    assert _record_files([str(site)]) == {str(site / "a" / "x.py"), str(site / "b" / "x.py")}

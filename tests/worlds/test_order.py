@@ -7,9 +7,9 @@ reference, low-precision, kernel and single-rank paths side by side in one 2-ran
 where the order decides which case runs after which on each rank and which group each
 cell switches from) and of every recipe cell, in a module fixture; verdicts compared cell
 by cell, the fp64 evidence value by value. What it leaves out, and what that costs, is in
-docs/figures.md: the whole suite in three orders took about 3 x 150 s under load, the
-wider meshes repeat the same cases, and train_step_kernel alone is 27 s of Triton's
-interpreter per run.
+docs/figures.md: 91 cells of the wider meshes took 146-194 s per order under load (the
+same verdicts in all three, checked once), the wider meshes repeat the same cases, and
+train_step_kernel alone is 27 s of Triton's interpreter per run.
 """
 
 from __future__ import annotations

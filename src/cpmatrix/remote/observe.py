@@ -59,6 +59,8 @@ Example::
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import stat
 import sys
@@ -135,10 +137,12 @@ def _record_files(entries: Iterable[str]) -> frozenset[str]:
             info = os.path.join(entry, name)
             try:
                 with open(os.path.join(info, "direct_url.json"), encoding="utf-8") as f:
-                    if '"editable"' in f.read():  # PEP 610: its sources are observed
-                        continue
-            except OSError:
-                pass
+                    url = json.load(f)
+            except (OSError, ValueError):
+                url = {}
+            dir_info = url.get("dir_info") if isinstance(url, dict) else None
+            if isinstance(dir_info, dict) and dir_info.get("editable"):
+                continue  # PEP 610: an editable install, whose sources are observed
             try:
                 with open(os.path.join(info, "RECORD"), encoding="utf-8") as f:
                     text = f.read()
@@ -149,8 +153,6 @@ def _record_files(entries: Iterable[str]) -> frozenset[str]:
                 if not line or line.startswith(".."):
                     continue
                 if line.startswith('"'):  # a quoted path (it holds a comma)
-                    import csv
-
                     line = next(csv.reader([line]))[0]
                     files.add(os.path.normpath(base + line))
                 else:
@@ -242,6 +244,8 @@ class ReadObserver:
         self.classifier = warm()
         self.skip = tuple(p.rstrip(os.sep) + os.sep for p in skip if p)
         self.active = False
+        #: Why the observer failed during this cell ("" while it did not).
+        self.failed = ""
         #: path -> signature at first read in this cell (``d`` for a listed folder).
         self.reads: dict[str, str] = {}
         #: Files the cell created or truncated before reading them (its own output).
@@ -268,11 +272,24 @@ class ReadObserver:
         """Start recording a cell (before its case module is imported)."""
         self.reads = {}
         self.produced = set()
+        self.failed = ""
         self.active = True
 
-    def stop(self) -> dict[str, str]:
-        """Stop recording; the cell's observed set: path -> signature."""
+    def stop(self) -> dict[str, str] | None:
+        """Stop recording; the cell's observed set (path -> signature), or None when the
+        observer failed during the cell (the cell then is never cached)."""
         self.active = False
+        try:
+            observed = self._observed()
+        except Exception as exc:  # never let the observer fail a cell or a rank
+            self.failed = self.failed or f"{type(exc).__name__}: {exc}"
+        if self.failed:
+            print(f"cpmatrix worker: what the cell read was not observed ({self.failed}); "
+                  "its pass is not cached", file=sys.stderr)
+            return None
+        return observed
+
+    def _observed(self) -> dict[str, str]:
         modules, packages, unloaded = self._scan_modules(self.reads)
         seen = self.seen
         for path in unloaded:
@@ -297,6 +314,14 @@ class ReadObserver:
 
     # ---------------------------------------------------------------- the hook
     def on_event(self, event: str, args: tuple[Any, ...]) -> None:
+        """One audit event of the cell. Never raises (an exception in an audit hook
+        would fail the case's own ``open``); a failure makes the cell unobserved."""
+        try:
+            self._on_event(event, args)
+        except Exception as exc:
+            self.failed = self.failed or f"{type(exc).__name__}: {exc}"
+
+    def _on_event(self, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             self._on_open(*args[:3])
         elif event in ("os.listdir", "os.scandir"):
