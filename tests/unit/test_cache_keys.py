@@ -602,3 +602,10 @@ def test_a_cache_uses_the_hashes_it_is_given(tmp_path: Path) -> None:
     hashes = ReadHashes()
     assert ResultCache(tmp_path, hashes).hashes is hashes
     assert isinstance(ResultCache(tmp_path).hashes, ReadHashes)
+
+
+def test_settle_checks_the_paths_after_an_absent_one(tree: Path) -> None:
+    data = str(tree / "data.txt")
+    reads = {str(tree / "a-missing.txt"): ABSENT, data: signature(data)}
+    (tree / "data.txt").write_text("2.0")
+    assert ReadHashes().settle(reads) == f"{data} changed after the cell read it"
