@@ -106,6 +106,13 @@ class Result:
     out_dir: str = ""
     #: The mutant switched on for this run, if any.
     mutant: str = ""
+    #: The sources the result was produced from (:mod:`cpmatrix.run.provenance`):
+    #: ``digest`` (the cell's), ``matrix``, ``cpmatrix``, ``commit``. Empty in reports
+    #: of cpmatrix versions before it.
+    source: dict[str, str] = field(default_factory=dict)
+    #: What the cell read (path -> signature, merged over its ranks), for the result
+    #: cache; None when not observed. In memory only: never in results.json or reports.
+    reads: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def first_failure(self) -> RankFailure | None:
@@ -128,6 +135,7 @@ class Result:
         d["failing_ranks"] = list(self.failing_ranks)
         d["failures"] = [asdict(f) for f in self.failures]
         d["stderr_tails"] = {str(k): v for k, v in self.stderr_tails.items()}
+        del d["reads"]
         return d
 
     @classmethod
@@ -156,6 +164,8 @@ class Result:
                 message=_typed(d, "message", str, ""),
                 out_dir=_typed(d, "out_dir", str, ""),
                 mutant=_typed(d, "mutant", str, ""),
+                source={str(k): _str(v, "source")
+                        for k, v in _typed(d, "source", dict, {}).items()},
             )
         except (TypeError, KeyError) as exc:
             raise ValueError(f"malformed result: {exc}") from None

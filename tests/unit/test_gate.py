@@ -123,6 +123,7 @@ def test_pass_output_names_what_was_and_was_not_checked(
     assert capsys.readouterr().out.splitlines() == [
         "required  4 cells (3 passed, 1 skipped); presence not checked "
         "(no matrix in the policy, no baseline)",
+        "sources   not checked (no matrix: give --matrix or a matrix: in the policy)",
         "mutants   2/2 killed",
         "drift     not checked (no baseline)",
         "PASS  gate 'loose': every check passed over 4 required cells",
@@ -320,3 +321,56 @@ def test_gate_over_a_live_run(tmp_path: Path) -> None:
     result = evaluate(chosen, read_report(report), read_report(REPORTS / "runtime.xml"),
                       [cid for cid, _, _ in expected_cells(chosen)])
     assert result.required == 3 and result.drift_compared == 3 and result.ok
+
+
+# --------------------------------------------------------------------------------------
+# sources: a cell run from other sources is stale (issue 21, row 7)
+
+
+def _sourced_report(tmp_path: Path, edit: dict[str, str]) -> Path:
+    """A report of every cell of runtime.yaml, passed, each carrying the source digest
+    its matrix gives it now (``edit``: cell id -> another digest)."""
+    from cpmatrix.matrix.expand import expand
+    from cpmatrix.matrix.load import load_matrix
+    from cpmatrix.report.junit import results_to_junit, write_junit
+    from cpmatrix.result import Result
+    from cpmatrix.run.provenance import matrix_digests
+
+    digests = matrix_digests(RES / "runtime.yaml")
+    cells = {c.id: c for c in expand(load_matrix(RES / "runtime.yaml")).cells}
+    results = [Result(cell_id=c, status=Status.PASSED,
+                      source={"digest": edit.get(c, d), "matrix": "m"})
+               for c, d in sorted(digests.items())]
+    path = tmp_path / "report.xml"
+    write_junit(path, results_to_junit(results, cells))
+    return path
+
+
+def test_a_report_from_todays_sources_passes_and_says_it_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gate_main("runtime", _sourced_report(tmp_path, {}), None, POLICIES) == 0
+    out = capsys.readouterr().out
+    assert "sources   3 cells ran from the sources the matrix gives them now" in out
+
+
+def test_a_cell_from_other_sources_is_stale(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    cell = "allreduce[unit,1x2,fp64,autocast=off,reference]@cpu"
+    assert gate_main("runtime", _sourced_report(tmp_path, {cell: "0" * 64}), None,
+                     POLICIES) == 1
+    rows = [ln.split(None, 2) for ln in capsys.readouterr().out.splitlines()[1:-1]]
+    assert [(check, name) for check, name, _ in rows] == [("stale", cell)]
+    # --matrix replaces the policy's: the same report against another matrix's cells.
+    assert gate_main("strict", _sourced_report(tmp_path, {cell: "0" * 64}), None, POLICIES,
+                     [RES / "runtime.yaml"]) == 1
+    assert "stale" in capsys.readouterr().out
+
+
+def test_a_report_without_source_digests_is_refused_where_a_matrix_is_given(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # runtime.xml: a real run by a cpmatrix older than source digests.
+    assert gate_main("runtime", REPORTS / "runtime.xml", None, POLICIES) == 2
+    err = capsys.readouterr().err
+    assert "no cell carries a source digest" in err and "runtime.yaml" in err
+    # Without a matrix there is nothing to check it against: it is gated as before.
+    assert gate_main("everything", REPORTS / "runtime.xml", None, POLICIES) == 0

@@ -15,6 +15,7 @@ from cpmatrix.gate._checks import (
     check_drift,
     check_mutants,
     check_spill,
+    check_stale,
     check_status,
     evaluate,
     max_errors,
@@ -213,6 +214,65 @@ def test_drift_counts_only_cells_with_a_common_key_and_says_when_the_floor_appli
 def test_a_nan_error_is_drift_against_any_number() -> None:
     rows, _ = check_drift(DRIFT, [cell(ev_max_abs_diff="nan")], {CELL: cell(ev_max_abs_diff="1")})
     assert [r.detail for r in rows] == ["max_abs_diff 1 -> nan (xnan > x2)"]
+
+
+# --------------------------------------------------------------------------------------
+# stale: a cell run from other sources (issue 21, row 7)
+
+NOW = {"a": "a" * 64, "b": "b" * 64}
+
+
+def test_a_cell_run_from_the_matrix_sources_is_not_stale() -> None:
+    assert check_stale([cell(name="a", **{"source.digest": "a" * 64})], NOW) == []
+
+
+def test_a_cell_run_from_other_sources_is_stale_with_both_digests() -> None:
+    (row,) = check_stale([cell(name="a", **{"source.digest": "c" * 64})], NOW)
+    assert (row.check, row.cell) == ("stale", "a")
+    assert row.detail == (
+        f"ran from other sources: digest {'c' * 12} in the report, {'a' * 12} from the "
+        "matrix now (the case, a module it imports, its matrix entry or cpmatrix changed "
+        "since): run the cell again")
+
+
+def test_a_cell_without_a_digest_is_stale() -> None:
+    (row,) = check_stale([cell(name="b")], NOW)
+    assert (row.check, row.cell) == ("stale", "b")
+    assert row.detail == ("no source digest in the report (written by an older cpmatrix, "
+                          "or by hand): run the cell again")
+
+
+def test_stale_skips_cells_the_matrix_does_not_know_and_interrupted_ones() -> None:
+    # not in the matrix: the missing check's business; interrupted: nothing ran; and the
+    # cells after them are still checked
+    rows = check_stale([cell(name="x", **{"source.digest": "c"}),
+                        cell(name="a", status=Status.INTERRUPTED), cell(name="b")], NOW)
+    assert [r.cell for r in rows] == ["b"]
+
+
+def test_stale_reads_the_cell_id_of_a_mutant_run() -> None:
+    run = cell(name="a!mutant=m", cell_id="a", mutant="m", **{"source.digest": "c" * 64})
+    assert [r.cell for r in check_stale([run], NOW)] == ["a!mutant=m"]
+
+
+def test_evaluate_checks_sources_only_when_given_digests() -> None:
+    policy = Policy(name="p")
+    cells = [cell(name="a", **{"source.digest": "a" * 64}), cell(name="b", status=Status.FAILED,
+                                                               headline="boom"),
+             cell(name="z", status=Status.INTERRUPTED)]
+    unchecked = evaluate(policy, cells)
+    assert unchecked.sources_checked is None
+    assert [r.check for r in unchecked.reasons] == ["status", "status"]
+    checked = evaluate(policy, cells, digests={**NOW, "z": "z"})
+    # stale comes before status: a result from other sources says nothing of today's
+    assert [(r.check, r.cell) for r in checked.reasons] == [
+        ("stale", "b"), ("status", "b"), ("status", "z")]
+    assert checked.sources_checked == 2  # a and b; z never ran
+    assert not checked.ok
+    # stale rows add to the others: a missing cell is still reported
+    both = evaluate(policy, cells, digests=NOW, expected=["a", "b", "gone"])
+    assert [(r.check, r.cell) for r in both.reasons][:2] == [("missing", "gone"),
+                                                            ("stale", "b")]
 
 
 # --------------------------------------------------------------------------------------

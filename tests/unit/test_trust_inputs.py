@@ -149,7 +149,7 @@ def test_interrupted_cells_fail_every_gate(tmp_path: Path,
 def test_cache_entries_of_the_wrong_shape_are_ignored(tmp_path: Path, field: dict) -> None:
     cache = ResultCache(tmp_path)
     digest = "ab" * 32
-    cache.put(digest, Result(cell_id="c", status=Status.PASSED))
+    cache.put(digest, Result(cell_id="c", status=Status.PASSED), {})
     path = tmp_path / "results" / "ab" / f"{digest}.json"
     data = json.loads(path.read_text())
     data["result"].update(field)

@@ -53,17 +53,17 @@ def test_rerun_reuses_passes_and_edits_rerun_exactly_their_cells(tmp_path: Path)
 def test_corrupt_entries_are_ignored_and_only_passes_are_stored(tmp_path: Path) -> None:
     cache = ResultCache(tmp_path)
     ok = Result(cell_id="c", status=Status.PASSED, evidence={"x": 1})
-    cache.put("ab" * 32, ok)
+    cache.put("ab" * 32, ok, {})
     hit = cache.get("ab" * 32, "c")
     assert hit is not None and hit.status is Status.CACHED and hit.evidence == {"x": 1}
     assert cache.get("ab" * 32, "other-cell") is None
     path = tmp_path / "results" / "ab" / f"{'ab' * 32}.json"
     path.write_text("{not json")
     assert cache.get("ab" * 32, "c") is None
-    cache.put("ab" * 32, ok)  # rewritten by the next pass
+    cache.put("ab" * 32, ok, {})  # rewritten by the next pass
     assert cache.get("ab" * 32, "c") is not None
     for status in (Status.FAILED, Status.FLAKY, Status.TIMEOUT, Status.CRASH):
-        cache.put("cd" * 32, Result(cell_id="c", status=status))
+        cache.put("cd" * 32, Result(cell_id="c", status=status), {})
         assert cache.get("cd" * 32, "c") is None
     assert not list(tmp_path.glob("results/*/.tmp-*")), "no partial entries left behind"
 

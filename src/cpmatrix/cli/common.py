@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -20,8 +21,8 @@ from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
 
-__all__ = ["DEFAULT_MATRIX", "Parser", "add_selection", "load_and_expand", "nothing_selected",
-           "select_from_args"]
+__all__ = ["DEFAULT_MATRIX", "Parser", "absolute_path", "add_selection", "load_and_expand",
+           "nothing_selected", "select_from_args"]
 
 DEFAULT_MATRIX = "matrix/parity.yaml"
 
@@ -34,8 +35,15 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def absolute_path(text: str) -> str:
+    """A path from the command line, made absolute once, at parse time (relative to the
+    folder cpmatrix was started in, whatever folder later steps run in)."""
+    return os.path.abspath(os.path.expanduser(text))
+
+
 def add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", default=DEFAULT_MATRIX, help="matrix YAML (default: %(default)s)")
+    p.add_argument("--matrix", default=DEFAULT_MATRIX, type=absolute_path,
+                   help="matrix YAML (default: %(default)s)")
     p.add_argument("--platform", help="only cells of this platform (e.g. cpu, cuda)")
     p.add_argument("-k", dest="keyword", metavar="EXPR",
                    help="pytest-style keyword expression over ids, axis values and tags")

@@ -21,10 +21,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                    help="an earlier report.xml: flag cells whose error grew (numerical drift)")
     g.add_argument("--gates", type=Path, default=Path("matrix/gates.yaml"),
                    help="the policies file (default: %(default)s)")
+    g.add_argument("--matrix", dest="matrices", action="append", default=[], type=Path,
+                   metavar="PATH",
+                   help="a matrix file (repeatable) whose cells must be present and must have "
+                   "run from the sources it gives them now; a cell run from other sources is "
+                   "'stale' (default: the policy's matrix: files)")
     g.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from cpmatrix.gate import gate_main
 
-    return gate_main(args.policy, args.report, args.baseline, args.gates)
+    return gate_main(args.policy, args.report, args.baseline, args.gates,
+                     [p.resolve() for p in args.matrices])

@@ -1,7 +1,8 @@
 """``cpmatrix merge``: the reports of a run's shards as one report, ready for the gate.
 
 Exit 0 when every merged cell passed, 1 when some did not (a cell no shard reported
-counts as not passed), 2 for folders that cannot be merged (missing, another selection).
+counts as not passed, a cell two folders disagree about fails), 2 for folders that cannot
+be merged (missing, another selection, different sources, results without a source).
 
 Example::
 
@@ -49,8 +50,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if summary.duplicates:
         print(f"warning: {len(summary.duplicates)} cells were reported by more than one "
-              "folder; the first folder's result was kept: "
-              + ", ".join(summary.duplicates[:10]), file=sys.stderr)
+              "folder, with the same verdict: " + ", ".join(summary.duplicates[:10]),
+              file=sys.stderr)
+    if summary.conflicts:
+        print(f"error: {len(summary.conflicts)} cells were reported by more than one folder "
+              "with different verdicts; they fail the merge (conflict):\n  "
+              + "\n  ".join(summary.conflicts[:50]), file=sys.stderr)
     if summary.missing:
         print(f"error: {len(summary.missing)} cells were reported by no folder; they are "
               "in the report as interrupted:\n  " + "\n  ".join(summary.missing[:50]),
@@ -58,5 +63,6 @@ def run(args: argparse.Namespace) -> int:
     rows = json.loads((out / "results.json").read_text())
     bad = sum(1 for r in rows if r["status"] not in ("passed", "cached"))
     print(f"merged {summary.cells} cells from {len(args.folders)} folders into {out} "
-          f"({bad} not passed, {len(summary.missing)} missing)")
+          f"({bad} not passed, {len(summary.missing)} missing, "
+          f"{len(summary.conflicts)} conflicts)")
     return ExitCode.OK if bad == 0 else ExitCode.FAILURES

@@ -34,7 +34,7 @@ from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 __all__ = ["LogStreamer", "add_parsers", "run"]
 
 #: Settings that mean nothing for one cell run once (the cache too: a repro always runs).
-_NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "no_cache",
+_NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "order", "no_cache",
                   "cache_dir", "plain")
 
 

@@ -20,10 +20,13 @@ from cpmatrix.cli.common import add_selection, nothing_selected, select_from_arg
 from cpmatrix.cli.console import Progress, format_summary
 from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.executors import EXECUTORS, executor_for
 from cpmatrix.run.options import RunOptions, add_run_arguments
+from cpmatrix.run.ordering import Order, arrange, parse_order
 from cpmatrix.run.outdir import claim_out
 from cpmatrix.run.plan import slot_plan
+from cpmatrix.run.provenance import cell_digests, run_source
 from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, pack_spec, prepare_run
 from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         if not cells:
             print(nothing_selected(args, len(expansion.cells)), file=sys.stderr)
             return ExitCode.NOTHING_SELECTED
+        selection = cells
+        keys = ActionKeys(search_path=matrix.pythonpath)
         if options.shard is not None:
             cells, manifest = take_shard(cells, options.shard, recorded_durations(options, out))
             print(f"shard {manifest.shard}/{manifest.of}: {len(manifest.cells)} of "
@@ -68,13 +73,20 @@ def run(args: argparse.Namespace) -> int:
             if claim is not None:
                 manifest.write(out)
                 if not cells:  # more shards than cells: an empty report, not a failure
-                    write_empty_report(out, claim.run_id)
+                    write_empty_report(out, claim.run_id, source={
+                        **run_source(matrix.path, keys).to_dict(),
+                        "cells": cell_digests(selection, keys)})
                     return ExitCode.OK
             elif not cells:
                 return ExitCode.OK
+        order = parse_order(options.order) if options.order is not None else None
+        if order is not None:
+            cells = arrange(cells, order)
+            print(f"order: {order} (--order {order} runs this order again)", flush=True)
         if claim is None:
-            return _dry_run(cells, {p.name: p for p in matrix.platforms}, options, out)
-        prepared = prepare_run(options, matrix, cells, claim)
+            return _dry_run(cells, {p.name: p for p in matrix.platforms}, options, out, order)
+        prepared = prepare_run(options, matrix, cells, claim, keys=keys,
+                               selection=selection, order=str(order or ""))
         # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
         pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
         if prepared.skipped:
@@ -107,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 progress.stop()
             write_report_html(out)
+            if prepared.cache_note:
+                print(prepared.cache_note)
             print(format_summary(report, os.path.relpath(out)))
             if prepared.mutants is not None:
                 print(report.mutant_line())
@@ -143,10 +157,11 @@ def _nothing_fits(skipped: int, gpus: int) -> str:
 
 
 def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunOptions,
-             out: Path) -> int:
+             out: Path, order: Order | None) -> int:
     """Print the plan each executor makes (the busiest first); run nothing."""
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
-    durations = recorded_durations(options, out)
+    # With --order the worlds are planned without recorded durations (as a real run).
+    durations = recorded_durations(options, out) if order is None else {}
     slots = (slurm_worlds(fits, durations, options.max_jobs) if options.scheduler == "slurm"
              else options.jobs)
     pack = pack_spec(options, platforms.values(), devices=devices)

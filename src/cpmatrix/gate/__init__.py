@@ -6,6 +6,11 @@ function over the report's cells:
 
 - ``missing``: every required cell of the policy's matrix files (or, without them, of the
   baseline report) is in the report;
+- ``stale``: every required cell ran from the sources its matrix gives it now: the
+  ``source.digest`` the run recorded (its spec, case module, the modules that imports,
+  cpmatrix's world-side code) is the one computed from the matrix files (``--matrix``,
+  default the policy's ``matrix:`` files; with neither, sources are not checked, and
+  the verdict says so);
 - ``status``: every required cell passed (``cached`` counts as passed); ``skipped`` and
   ``flaky`` fail unless the policy allows them;
 - ``spill``: spill cells (evidence ``spill_store_bytes`` / ``spill_load_bytes``) are within
@@ -37,10 +42,12 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.errors import ExitCode, SpecError, UsageError
-from cpmatrix.gate._checks import CHECKS, GateResult, Reason, evaluate
+from cpmatrix.gate._checks import CHECKS, SOURCE_DIGEST, GateResult, Reason, evaluate
 from cpmatrix.gate._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, load_policies
 from cpmatrix.report.read import ReportError, read_report
 from cpmatrix.result import Status
@@ -82,6 +89,12 @@ def format_gate(result: GateResult) -> str:
     presence = (f"none missing from the {result.presence}" if result.presence
                 else "presence not checked (no matrix in the policy, no baseline)")
     lines.append(f"required  {result.required} cells ({counts}); {presence}")
+    if result.sources_checked is not None:
+        lines.append(f"sources   {result.sources_checked} cells ran from the sources the "
+                     "matrix gives them now")
+    else:
+        lines.append("sources   not checked (no matrix: give --matrix or a matrix: in the "
+                     "policy)")
     if result.mutant_runs:
         lines.append(f"mutants   {result.mutants_killed}/{result.mutant_runs} killed")
     if result.drift_compared is not None:
@@ -94,28 +107,50 @@ def format_gate(result: GateResult) -> str:
     return "\n".join(lines)
 
 
-def gate_main(policy: str, report: Path, baseline: Path | None, gates_file: Path) -> int:
+def gate_main(policy: str, report: Path, baseline: Path | None, gates_file: Path,
+              matrices: Sequence[Path] = ()) -> int:
     """``cpmatrix gate``: print the reasons and the verdict; return the exit code.
 
+    ``matrices`` (``--matrix``) replace the policy's ``matrix:`` files: the cells that
+    must be present, and the sources each must have run from.
+
     0: the gate passed; 1: it failed (reasons printed); 2: a malformed gates file, an
-    unknown policy or an unreadable report or baseline (one line on stderr).
+    unknown policy, an unreadable report or baseline, or a report without source digests
+    where a matrix is given (one line on stderr).
     """
+    from cpmatrix.run.provenance import matrix_digests
+
     try:
         policies = load_policies(gates_file)
         if policy not in policies:
             raise SpecError(os.fspath(gates_file), 0, 0, "", f"no policy {policy!r}",
                             ", ".join(policies))
         chosen = policies[policy]
+        if matrices:
+            chosen = replace(chosen, matrices=tuple(matrices))
+        digests: dict[str, str] | None = None
         try:
             expected = [cid for cid, _, _ in expected_cells(chosen)] if chosen.matrices else None
+            if chosen.matrices:
+                digests = {}
+                for path in chosen.matrices:
+                    digests.update(matrix_digests(path))
         except SpecError as exc:  # say which policy pointed at the bad matrix
+            if matrices:
+                raise  # --matrix named it: the error names the file
             raise SpecError(os.fspath(gates_file), 0, 0, f"policies.{policy}.matrix",
                             str(exc)) from None
         cells = read_report(report)
         old = read_report(baseline) if baseline is not None else None
+        if digests is not None and cells and not any(
+                c.properties.get(SOURCE_DIGEST) for c in cells):
+            raise ReportError(
+                f"{report}: no cell carries a source digest (written by a cpmatrix older "
+                "than source identities, or by another tool): it cannot be checked against "
+                f"{', '.join(map(str, chosen.matrices))}; run the cells again")
     except (SpecError, ReportError, UsageError) as exc:
         print(f"cpmatrix gate: error: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
-    result = evaluate(chosen, cells, old, expected)
+    result = evaluate(chosen, cells, old, expected, digests)
     print(format_gate(result))
     return int(ExitCode.OK if result.ok else ExitCode.FAILURES)

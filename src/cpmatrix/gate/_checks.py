@@ -22,11 +22,14 @@ from cpmatrix.report.read import ReportCell
 from cpmatrix.result import Status
 
 __all__ = ["CHECKS", "GateResult", "Reason", "check_drift", "check_mutants", "check_spill",
-           "check_status", "evaluate", "max_errors"]
+           "check_stale", "check_status", "evaluate", "max_errors"]
 
 _RANK_SUFFIX: Final = re.compile(r"@rank\d+\Z")
 #: Order of the reason table: what a release manager must act on first.
-CHECKS: Final = ("empty", "missing", "status", "flaky", "skipped", "spill", "mutants", "drift")
+CHECKS: Final = ("empty", "missing", "stale", "status", "flaky", "skipped", "spill", "mutants",
+                 "drift")
+#: The report property holding a result's source digest (``Result.source["digest"]``).
+SOURCE_DIGEST: Final = "source.digest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,8 @@ class GateResult:
     #: Cells compared against the baseline (None: no baseline given or no drift check).
     drift_compared: int | None
     reasons: tuple[Reason, ...]
+    #: Cells whose source digest was checked against the matrix (None: not checked).
+    sources_checked: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,6 +95,32 @@ def check_status(policy: Policy, cells: Iterable[ReportCell]) -> list[Reason]:
             ranks = c.properties.get("failing_ranks")
             head = c.status.value + (f" on rank {ranks}" if ranks else "")
             out.append(Reason("status", c.name, _clip(f"{head}: {_first_line(c)}")))
+    return out
+
+
+def check_stale(cells: Iterable[ReportCell], digests: Mapping[str, str]) -> list[Reason]:
+    """Each cell ran from the sources its matrix gives it now: its ``source.digest`` is
+    the one computed from the matrix (``digests``: cell id -> digest). A cell the matrix
+    does not know is the ``missing`` check's business; an interrupted one never ran.
+
+    >>> cell = ReportCell(name="c", status=Status.PASSED, properties={"source.digest": "a"})
+    >>> check_stale([cell], {"c": "a"}), [r.check for r in check_stale([cell], {"c": "b"})]
+    ([], ['stale'])
+    """
+    out = []
+    for c in cells:
+        want = digests.get(c.cell_id)
+        if want is None or c.status is Status.INTERRUPTED:
+            continue
+        got = c.properties.get(SOURCE_DIGEST)
+        if not got:
+            out.append(Reason("stale", c.name, "no source digest in the report (written by an "
+                              "older cpmatrix, or by hand): run the cell again"))
+        elif got != want:
+            out.append(Reason("stale", c.name, (
+                f"ran from other sources: digest {got[:12]} in the report, {want[:12]} from "
+                "the matrix now (the case, a module it imports, its matrix entry or "
+                "cpmatrix changed since): run the cell again")))
     return out
 
 
@@ -188,11 +219,14 @@ def check_drift(policy: Policy, cells: Iterable[ReportCell],
 
 def evaluate(policy: Policy, cells: Sequence[ReportCell],
              baseline: Sequence[ReportCell] | None = None,
-             expected: Iterable[str] | None = None) -> GateResult:
+             expected: Iterable[str] | None = None,
+             digests: Mapping[str, str] | None = None) -> GateResult:
     """Run every check of ``policy`` over a report's cells (pure: no files, no output).
 
     ``expected``: ids of the cells that must be present (from the policy's matrices);
     without it the baseline's required cells are expected, if a baseline is given.
+    ``digests``: cell id -> the source digest the matrix gives it now; with it, a cell
+    of the report that ran from other sources is ``stale``.
 
     >>> ok = ReportCell(name="t[unit,1x1,fp64,autocast=off,reference]@cpu",
     ...                 status=Status.CACHED, properties={"tags": "release"})
@@ -214,6 +248,8 @@ def evaluate(policy: Policy, cells: Sequence[ReportCell],
                for cid in sorted(want - present)]
     if not want | present:
         reasons.append(Reason("empty", "-", f"no cell matches {policy.describe_scope()}"))
+    if digests is not None:
+        reasons += check_stale(runs, digests)
     reasons += check_status(policy, plain)
     reasons += check_spill(plain)
     reasons += check_mutants(policy, mutant_runs)
@@ -229,4 +265,6 @@ def evaluate(policy: Policy, cells: Sequence[ReportCell],
         mutants_killed=sum(1 for c in mutant_runs
                            if c.evidence.get("mutant_outcome") == "killed"),
         drift_compared=compared, reasons=tuple(reasons),
+        sources_checked=None if digests is None else sum(
+            1 for c in runs if c.cell_id in digests and c.status is not Status.INTERRUPTED),
     )

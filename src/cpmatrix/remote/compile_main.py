@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cpmatrix.remote.observe import ReadObserver
 from cpmatrix.remote.procs import set_parent_death_signal
 from cpmatrix.remote.protocol import (
     CompileJob,
@@ -38,10 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     set_parent_death_signal()
     progress = Path(job.progress)
     cache_dir = Path(job.cache_dir) if job.cache_dir else None
+    # What each cell reads completes the cache key. Not: the run's own folder (the cells'),
+    # and the compile cache, whose entries are the cells' own results, keyed by what made
+    # them (the kernel source, its spec, the toolchain: all in the pre-key).
+    observer = ReadObserver(skip=(job.out_root, str(progress.parent), job.cache_dir or ""))
     for i, cell in enumerate(job.cells):
         write_typed(progress / marker_name(i, 0, "start"),
                     StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))
         t0 = time.monotonic()
+        observer.start()
         fields: dict[str, Any] = {}
         try:
             spec = spec_for_cell(cell.spill or {}, job.search_path)
@@ -54,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a bug in the gate itself: report, keep going
             fields = {"status": "error", "message": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc(), "check": "spill"}
+        reads = observer.stop()
         duration = time.monotonic() - t0
         write_typed(progress / marker_name(i, 0, "done"), Outcome(
             index=i, rank=0, id=cell.id, run=job.run_id, duration_s=duration,
-            case_s=duration, end_time=time.time(), **fields))
+            case_s=duration, end_time=time.time(), reads=reads, **fields))
     return 0
 
 

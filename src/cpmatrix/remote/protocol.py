@@ -148,6 +148,8 @@ class CompileJob(_Json):
     cache_dir: str | None
     search_path: list[str]
     cells: list[CellSpec]
+    #: The run's output folder: what the cells write there is not what they read.
+    out_root: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +192,9 @@ class Outcome(_Json):
     #: barrier, :mod:`cpmatrix.remote.hygiene`): the rank rewrites this file, final, once
     #: it knows. A reader knows the rank left the case; the verdict is the final file's.
     final: bool = True
+    #: What the cell read on this rank (:mod:`cpmatrix.remote.observe`): path ->
+    #: signature. None when it was not observed (such a pass is never cached).
+    reads: dict[str, str] | None = None
 
     @property
     def ok(self) -> bool:

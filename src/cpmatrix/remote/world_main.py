@@ -60,6 +60,7 @@ from cpmatrix.remote.meshes import (
     destroy_mesh,
     mesh_group_names,
 )
+from cpmatrix.remote.observe import ReadObserver, warm
 from cpmatrix.remote.procs import (
     descendants,
     kill_all,
@@ -79,6 +80,10 @@ from cpmatrix.remote.protocol import (
 )
 from cpmatrix.remote.stacks import StackDumper
 from cpmatrix.remote.subworld import SubWorld
+
+# The fork launcher imports this module before it forks: reading the RECORDs and looking
+# at every loaded module once here does it once for every rank (the cache's observer).
+warm()
 
 
 def _redirect_output(log_path: Path) -> TextIO:
@@ -329,6 +334,9 @@ class _Rank:
         self.ledger = GroupLedger()
         self.isolation = CellIsolation(project_roots=world.project_roots, log=log,
                                        namespaces=_PREBUILT[0] if _PREBUILT else None)
+        # What each cell reads completes the cache key (the run's own folder is the
+        # cells': their working folders, HOME and TMPDIR are under it).
+        self.observer = ReadObserver(skip=(world.out_root, world.dir))
         #: Set once a cell changed what cannot be restored: this process runs no more
         #: cells, it only tells the peers of its remaining cells to skip them.
         self.tainted = False
@@ -368,7 +376,9 @@ class _Rank:
             index=index, rank=local, id=spec.id, run=self.world.run_id, time=time.time(),
             log_offset=_log_offset()))
         self.isolation.before_cell()
+        self.observer.start()
         outcome, mesh = run_cell(self.world, index, spec, local, self.meshes, self.ledger)
+        outcome = dataclasses.replace(outcome, reads=self.observer.stop())
         t_after = time.perf_counter()
         self.env.leave()
         problems, failed = self.isolation.after_cell(self.world.dir, index, local)

@@ -82,6 +82,10 @@ def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
         props.append(("mutant", result.mutant))
     if result.message:
         props.append(("message", result.message[:500]))
+    # What the result was computed from: the gate checks source.digest against the
+    # matrix, a merge compares them between folders.
+    for key, value in result.source.items():
+        props.append((f"source.{key}", value))
     for key, value in result.evidence.items():
         props.append((f"evidence.{key}", str(value)))
     return props
@@ -153,11 +157,12 @@ def write_junit(path: str | os.PathLike[str], xml: JUnitXml) -> None:
 
 
 def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-                run_id: str = "") -> JUnitXml:
+                run_id: str = "", properties: Mapping[str, str] | None = None) -> JUnitXml:
     """Merge world files into one report, regrouping testcases into one suite per target.
 
     ``run_id`` is stamped on every suite (property ``cpmatrix.run_id``): which run wrote
-    the report, for tools that must not mix reports of different runs.
+    the report, for tools that must not mix reports of different runs; ``properties``
+    too (``cpmatrix.order``: the ``--order`` a run used).
     """
     suites: dict[str, TestSuite] = {}
     for path in paths:
@@ -168,17 +173,20 @@ def merge_junit(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
                 if dest is None:
                     dest = suites[target] = TestSuite(target)
                 dest.add_testcase(case)
-    return write_suites(suites, out, run_id=run_id)
+    return write_suites(suites, out, run_id=run_id, properties=properties)
 
 
 def write_suites(suites: Mapping[str, TestSuite], out: str | os.PathLike[str],
-                 run_id: str = "") -> JUnitXml:
-    """One report of ``suites`` (target -> suite, sorted by target), stamped ``run_id``."""
+                 run_id: str = "", properties: Mapping[str, str] | None = None) -> JUnitXml:
+    """One report of ``suites`` (target -> suite, sorted by target), stamped ``run_id``
+    (and ``properties``)."""
     xml = JUnitXml("cpmatrix")
     for name in sorted(suites):
         suites[name].update_statistics()
         if run_id:
             suites[name].add_property("cpmatrix.run_id", run_id)
+        for key, value in (properties or {}).items():
+            suites[name].add_property(xml_safe(key), xml_safe(value))
         xml.add_testsuite(suites[name])
     xml.update_statistics()
     write_junit(out, xml)

@@ -1,13 +1,24 @@
-"""Shards of one run merged into one report: each cell once, a missing cell reported.
+"""Shards of one run merged into one report: each cell once, from one source, a missing
+cell reported.
 
 ``cpmatrix run --shard K/N`` writes, beside its report, a :class:`ShardManifest`
 (``shard.json``): which shard it was, the digest of the whole selection, every cell of
-the whole selection and the cells of this shard. :func:`merge_shards` reads the shards'
-folders and writes one ``report.xml``, ``results.json`` and ``durations.json``:
+the whole selection and the cells of this shard. Every run also records its source
+(``run.json``: the source digest of every cell of the selection, the matrix digest,
+cpmatrix's version, the git commit; each result carries its own, see
+:mod:`cpmatrix.run.provenance`). :func:`merge_shards` reads the folders and writes one
+``report.xml``, ``results.json``, ``durations.json`` and ``run.json``:
 
-- each cell once: the first folder (in the order given) that holds a result for a cell
-  wins; a cell reported twice is named in ``duplicates`` (shards of one selection never
-  overlap, so this means a folder was given twice or came from another run);
+- **one source**: folders that give one cell different source digests (yesterday's
+  shard 1 and today's shard 2; another cpmatrix) are refused (exit 2), naming the cells;
+  a folder whose results carry no source (an older cpmatrix, a hand-made report) too.
+  Folders that agree on every cell but differ in matrix file or commit (a comment, a
+  README commit between the shard jobs) merge with a warning;
+- **each cell once**: a cell two folders report with the same verdict is merged once
+  (named in ``duplicates``); two results for one cell that disagree (one passed, one
+  failed) are a **conflict**: the merged result fails, naming both folders and what
+  each said (never first-wins: an old passing shard must not hide today's failure).
+  ``interrupted`` is no verdict: any other result of the cell takes its place;
 - a cell that some manifest expects and no folder reports (a shard job that died
   before writing, an artifact that was never uploaded) becomes a result of status
   ``interrupted`` saying which shard should have run it: never silently dropped, and
@@ -35,7 +46,7 @@ from junitparser import JUnitXml, TestSuite
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.report.junit import results_to_junit, write_suites
-from cpmatrix.result import Result, Status, testcase_name
+from cpmatrix.result import FailureKind, RankFailure, Result, Status, testcase_name
 
 __all__ = ["SHARD_FILE", "MergeSummary", "ShardManifest", "merge_shards", "selection_digest"]
 
@@ -106,12 +117,28 @@ class ShardManifest:
 
 @dataclass(frozen=True, slots=True)
 class MergeSummary:
-    """What a merge found: cells written, the ones no shard had, the ones seen twice."""
+    """What a merge found: cells written, the ones no shard had, the ones seen twice with
+    one verdict, the ones two folders disagree about."""
 
     cells: int
     missing: tuple[str, ...]
     duplicates: tuple[str, ...]
     warnings: tuple[str, ...]
+    conflicts: tuple[str, ...] = ()
+
+
+@dataclass
+class _Folder:
+    """One folder to merge, read once."""
+
+    path: Path
+    rows: list[Result]
+    xml: JUnitXml
+    manifest: ShardManifest | None
+    #: The run's source (run.json); None when it recorded none.
+    source: dict[str, Any] | None
+    #: Cell id -> source digest, for every cell this folder vouches for.
+    digests: dict[str, str]
 
 
 def _read_json(path: Path) -> Any:
@@ -129,57 +156,154 @@ def _manifest(folder: Path) -> ShardManifest | None:
         raise UsageError(f"{path}: not a shard manifest ({exc})") from None
 
 
+def _run_source(folder: Path) -> dict[str, Any] | None:
+    """``run.json``'s ``source`` (the run's identity and its cells' digests), if any."""
+    try:
+        source = _read_json(folder / "run.json").get("source")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{folder / 'run.json'}: unreadable ({exc})") from None
+    return source if isinstance(source, dict) else None
+
+
+def _read(folder: Path, warnings: list[str]) -> _Folder:
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no such folder")
+    manifest = _manifest(folder)
+    rows, xml = _read_folder(folder, warnings)
+    source = _run_source(folder)
+    digests: dict[str, str] = {}
+    cells = source.get("cells") if source is not None else None
+    if isinstance(cells, dict):
+        digests.update({str(k): str(v) for k, v in cells.items()})
+    # An interrupted result says nothing ran (a merge's own "missing" rows too).
+    unsourced = [r.cell_id for r in rows
+                 if not r.source.get("digest") and r.status is not Status.INTERRUPTED]
+    if unsourced:
+        raise UsageError(
+            f"{folder}: {len(unsourced)} results carry no source digest (e.g. "
+            f"{unsourced[0]}): written by a cpmatrix older than source identities, or by "
+            "hand; a merge cannot tell whether they ran from the same sources as the "
+            "other folders: run those cells again")
+    for r in rows:
+        if not r.source.get("digest"):
+            continue
+        digests.setdefault(r.cell_id, r.source["digest"])
+        if digests[r.cell_id] != r.source["digest"]:
+            raise UsageError(f"{folder}: {r.cell_id}: results.json and run.json disagree "
+                             "about its source digest (a folder assembled by hand?)")
+    return _Folder(path=folder, rows=rows, xml=xml, manifest=manifest, source=source,
+                   digests=digests)
+
+
+def _check_sources(folders: Sequence[_Folder], warnings: list[str]) -> None:
+    """Refuse folders that give a cell different source digests (naming the cells);
+    warn about other differences of their runs' identities."""
+    seen: dict[str, dict[str, list[Path]]] = {}
+    for f in folders:
+        for cell_id, digest in f.digests.items():
+            seen.setdefault(cell_id, {}).setdefault(digest, []).append(f.path)
+    differ = sorted(c for c, by in seen.items() if len(by) > 1)
+    if differ:
+        lines = [f"  {c}: " + "; ".join(f"{d[:12]} in {', '.join(map(str, paths))}"
+                                       for d, paths in seen[c].items()) for c in differ[:20]]
+        more = f"\n  ... and {len(differ) - 20} more" if len(differ) > 20 else ""
+        raise UsageError(
+            f"these folders ran different sources: {len(differ)} cells have different "
+            "source digests (case code, its imports, the matrix entry or cpmatrix changed "
+            "between the runs); run every shard from one source:\n" + "\n".join(lines) + more)
+    for key, what in (("matrix", "matrix file"), ("commit", "git commit")):
+        values = {str(f.source.get(key)) for f in folders if f.source is not None}
+        if len(values) > 1:
+            warnings.append(f"the folders' runs had different {what}s ({', '.join(sorted(values))}"
+                            "); every cell's own source digest agrees, so they merge")
+
+
+def _verdict(r: Result) -> str:
+    """What a result says, for telling agreeing duplicates from conflicts."""
+    return "passed" if r.status.ok else r.status.value
+
+
+def _conflict(name: str, first: tuple[Path, Result], other: tuple[Path, Result]) -> Result:
+    (path_a, a), (path_b, b) = first, other
+    message = (f"conflict: {path_a} says {a.status.value}, {path_b} says {b.status.value}; "
+               "two results for one cell that disagree fail the merge (run the cell again)")
+    return Result(cell_id=a.cell_id, status=Status.FAILED, kind=FailureKind.ERROR,
+                  failures=(RankFailure(rank=-1, message=message, check="merge_conflict"),),
+                  message=message, mutant=a.mutant, source=dict(a.source),
+                  evidence={f"{k}@{path_a.name}": v for k, v in a.evidence.items()})
+
+
 def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
     """Merge the runs in ``folders`` into ``out`` (see the module docstring)."""
     if not folders:
         raise UsageError("merge needs at least one folder")
     warnings: list[str] = []
-    manifests: list[tuple[Path, ShardManifest]] = []
-    for folder in folders:
-        if not folder.is_dir():
-            raise UsageError(f"{folder}: no such folder")
-        m = _manifest(folder)
-        if m is not None:
-            manifests.append((folder, m))
+    read = [_read(folder, warnings) for folder in folders]
+    manifests = [(f.path, f.manifest) for f in read if f.manifest is not None]
     kinds = {(m.selection, m.of) for _, m in manifests}
     if len(kinds) > 1:
         listing = ", ".join(f"{f} (shard {m.shard}/{m.of} of selection {m.selection})"
                             for f, m in manifests)
         raise UsageError(f"these folders hold shards of different selections: {listing}")
+    _check_sources(read, warnings)
     results: dict[str, Result] = {}
+    origin: dict[str, Path] = {}
     cases: dict[str, Any] = {}
     suite_of: dict[str, str] = {}
     duplicates: list[str] = []
+    conflicts: list[str] = []
     # Every shard's recorded durations (its history included): the next sharding needs
     # them all, so the merged folder can seed the next release's shards.
     durations: dict[str, float] = {}
-    for folder in folders:
+    for f in read:
         try:
-            recorded = _read_json(folder / "durations.json")
+            recorded = _read_json(f.path / "durations.json")
             durations.update({str(k): float(v) for k, v in recorded.items()})
         except (OSError, ValueError, TypeError, AttributeError):
             pass
-        rows, xml = _read_folder(folder, warnings)
-        by_name = {case.name: (suite.name, case) for suite in xml for case in suite}
-        for r in rows:
+        by_name = {case.name: (suite.name, case) for suite in f.xml for case in suite}
+        for r in f.rows:
             name = testcase_name(r.cell_id, r.mutant)
+            if name in results and results[name].status is Status.INTERRUPTED:
+                del results[name]  # no verdict (a stopped run, a shard found missing)
+                cases.pop(name, None)
             if name in results:
-                duplicates.append(name)
+                if r.status is Status.INTERRUPTED or name in conflicts:
+                    continue
+                if _verdict(results[name]) == _verdict(r):
+                    duplicates.append(name)
+                else:
+                    conflicts.append(name)
+                    results[name] = _conflict(name, (origin[name], results[name]), (f.path, r))
+                    cases.pop(name, None)  # rewritten from the conflict result
                 continue
             results[name] = r
+            origin[name] = f.path
             if name in by_name:
                 suite_of[name], cases[name] = by_name[name]
     expected = dict.fromkeys(c for _, m in manifests for c in m.all_cells)
     seen_cells = {r.cell_id for r in results.values()}
     missing = tuple(c for c in expected if c not in seen_cells)
     first = manifests[0][1] if manifests else None
+    claimed = {c: d for f in read for c, d in f.digests.items()}
     missing_results = [Result(
         cell_id=c, status=Status.INTERRUPTED,
         message=f"missing: no merged folder reported this cell (it belongs to shard "
-        f"{first.owner(c)}/{first.of})" if first is not None else "") for c in missing]
+        f"{first.owner(c)}/{first.of})" if first is not None else "",
+        source={"digest": claimed[c]} if c in claimed else {}) for c in missing]
     _write(out, results, cases, suite_of, missing_results, durations)
+    sources = [f for f in read if f.source is not None]
+    atomic_write_json(out / "run.json", {
+        "run_id": "merged",
+        "merged_from": [{"folder": str(f.path), "source": f.source} for f in read],
+        "source": {**{k: v for k, v in (sources[0].source or {}).items() if k != "cells"},
+                   "cells": claimed} if sources else None,
+    })
     return MergeSummary(cells=len(results) + len(missing), missing=missing,
-                        duplicates=tuple(duplicates), warnings=tuple(warnings))
+                        duplicates=tuple(duplicates), warnings=tuple(warnings),
+                        conflicts=tuple(conflicts))
 
 
 def _read_folder(folder: Path, warnings: list[str]) -> tuple[list[Result], JUnitXml]:

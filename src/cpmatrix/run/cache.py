@@ -1,25 +1,46 @@
-"""Bazel-style result cache: a PASS is stored under the cell's action digest.
+"""Bazel-style result cache: a PASS is stored under the cell's action key, with the content
+hashes of everything the cell was seen to read; a lookup re-hashes them.
 
-The action digest covers everything a cell's result depends on:
+The key has two halves (docs/cache.md says what each covers):
 
-- the cell digest (its spec, its case module's source, its platform spec);
-- the source of every project-local module the case module imports, transitively
-  (found by reading ``import`` statements, without importing anything);
-- cpmatrix's version and the source of its worker-side modules;
-- the runner's identity (the image digest when cells run in a container);
-- the interpreter that runs the worlds (real path, version) and its installed
-  distributions (every ``name==version``; see :mod:`cpmatrix.run.toolchain`);
-- the values of the environment allow-list and the platform's environment.
+- the **static pre-key** (:meth:`ActionKeys.digest`), known before anything runs: the
+  cell's source digest (:meth:`ActionKeys.source_digest`: the cell digest, i.e. its spec,
+  its case module's source and its platform; the source of every project-local module
+  the case module imports, transitively, found by reading ``import`` statements without
+  importing anything; cpmatrix's version and the source of every cpmatrix module that
+  runs in a world: the import closure of the world-side entry points), the runner's
+  identity (the image id in a container), the interpreter that runs the worlds, its
+  distributions and its site configuration (:mod:`cpmatrix.run.toolchain`), the
+  environment allow-list and the platform's environment, the mutant;
+- the **observed set** (:mod:`cpmatrix.remote.observe`): every file and folder the cell
+  read on any rank, outside the standard library and non-editable distributions' RECORDs,
+  however it was read (an editable install, ``importlib``, a folder added to
+  ``sys.path``, a ``.pth`` path, a data file, a module an earlier cell loaded). Stored as
+  content hashes (:class:`ReadHashes`); a lookup re-hashes each one, and any difference
+  (or a file now present that was absent) reruns the cell.
 
-Only passes are stored; failures, flaky results and timeouts are never reused. Entries
-are written atomically, so concurrent runs can share a cache folder; a corrupt entry
-is ignored (and rewritten by the next pass).
+Only first-attempt passes are stored: failures, flaky results (a pass that needed a
+retry), timeouts and mutant runs never are; nor a pass whose observed set is unknown or
+changed while the run read it. Entries are written atomically, so concurrent runs can
+share a cache folder; an entry that is corrupt, of another format or of another key is
+ignored (and rewritten by the next pass).
+
+The entry (format ``cpmatrix-cache/2``; one JSON file per pre-key, at
+``root/results/<key[:2]>/<key>.json``)::
+
+    {"format": "cpmatrix-cache/2", "key": "<pre-key, 64 hex>", "stored_at": "<UTC>Z",
+     "reads": {"/abs/path": "sha256:<hex>" | "ls:<hex>" | "py:<hex>" | "absent", ...},
+     "result": {...Result.to_dict()...}}
+
+``sha256:`` is a file's content, ``ls:`` the sorted names of a folder the cell listed,
+``py:`` the sorted importable names of a folder imports search (``.py``, packages,
+extension modules, ``.pth``), ``absent`` a path the cell looked for and did not find.
 
 Example::
 
     >>> keys = ActionKeys(search_path=("tests/resources/cases",))       # doctest: +SKIP
     >>> cache = ResultCache(Path("~/.cache/cpmatrix").expanduser())      # doctest: +SKIP
-    >>> cache.get(keys.digest(cell, runner_identity={}, env={}))         # doctest: +SKIP
+    >>> cache.get(keys.digest(cell, runner_identity={}, env={}), cell.id)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,28 +49,32 @@ import ast
 import hashlib
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Final
 
 from cpmatrix import __version__
 from cpmatrix.digest import ModuleSources, canonical_json
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import PACKAGE_DIR
+from cpmatrix.remote.observe import ABSENT, CHANGED, importable, signature
 from cpmatrix.result import Result, Status
 
-__all__ = ["ActionKeys", "ResultCache", "default_cache_dir"]
+__all__ = ["FORMAT", "WORKER_ENTRIES", "ActionKeys", "ReadHashes", "ResultCache",
+           "default_cache_dir", "merge_reads"]
 
+#: The entry format this version writes and reads (older entries are misses).
+FORMAT: Final = "cpmatrix-cache/2"
 #: cpmatrix's package folder (``.../cpmatrix``), from a checkout or a wheel alike.
 _PACKAGE_DIR = PACKAGE_DIR
-#: Modules of cpmatrix that run inside the world: a change to them changes every result.
-_RUNTIME_MODULES = ("cpmatrix.remote.world_main", "cpmatrix.cell", "cpmatrix.fsutil",
-                    "cpmatrix.remote.isolation", "cpmatrix.remote.procs",
-                    "cpmatrix.remote.cellenv", "cpmatrix.remote.inventory",
-                    "cpmatrix.remote.namespaces", "cpmatrix.remote.hygiene",
-                    "cpmatrix.remote.forks", "cpmatrix.remote.exchange",
-                    "cpmatrix.remote.meshes", "cpmatrix.remote.stacks")
+#: The modules that start cpmatrix's code in a world (a rank, the fork launcher, a
+#: container's watchdog, the spill compiler): everything they import, transitively, runs
+#: there, and a change to any of it changes every result.
+WORKER_ENTRIES: Final = ("cpmatrix.remote.world_main", "cpmatrix.remote.forkrun",
+                         "cpmatrix.remote.watchdog", "cpmatrix.remote.compile_main")
 
 
 def default_cache_dir() -> Path:
@@ -104,7 +129,7 @@ def _resolve_relative(package: str, level: int, name: str | None) -> str | None:
 
 
 class ActionKeys:
-    """Computes action digests; module sources are read once and memoized."""
+    """Computes source digests and action keys; module sources are read once, memoized."""
 
     def __init__(self, search_path: Sequence[str]) -> None:
         #: Only modules found under these folders count as project-local: the matrix's
@@ -115,12 +140,10 @@ class ActionKeys:
         self.sources = ModuleSources((*self.roots[:-1], str(_PACKAGE_DIR.parent)),
                                      include_sys_path=False)
         self._closure: dict[str, str] = {}
-        runtime = hashlib.sha256(__version__.encode())
-        for name in _RUNTIME_MODULES:
-            # Read from the package itself: the code the worlds run, wherever it is installed.
-            runtime.update(_PACKAGE_DIR.joinpath(*name.split(".")[1:]).with_suffix(".py")
-                           .read_bytes())
-        self.runtime_digest = runtime.hexdigest()
+        self._source: dict[tuple[str, str, str], str] = {}
+        # Read from the package itself: the code the worlds run, wherever it is installed.
+        runtime = [__version__, *(self.module_closure_digest(name) for name in WORKER_ENTRIES)]
+        self.runtime_digest = hashlib.sha256(canonical_json(runtime).encode()).hexdigest()
 
     def _local(self, module: str) -> tuple[str, bytes] | None:
         try:
@@ -131,12 +154,13 @@ class ActionKeys:
             return None
         return path, self.sources.read(module)
 
-    def module_closure_digest(self, module: str) -> str:
-        """sha256 over the sources of ``module`` and its project-local imports."""
-        hit = self._closure.get(module)
-        if hit is not None:
-            return hit
-        seen: dict[str, bytes] = {}
+    def closure_sources(self, module: str) -> dict[str, str]:
+        """The files of ``module`` and its project-local imports: module name -> path.
+
+        >>> sorted(ActionKeys(search_path=()).closure_sources("cpmatrix.fsutil"))
+        ['cpmatrix', 'cpmatrix.fsutil']
+        """
+        seen: dict[str, str] = {}
         stack = [module]
         while stack:
             name = stack.pop()
@@ -146,25 +170,45 @@ class ActionKeys:
             if found is None:
                 continue
             path, source = found
-            seen[name] = source
+            seen[name] = path
             # A submodule import also runs its parent packages' __init__.
             parts = name.split(".")
             stack.extend(".".join(parts[:i]) for i in range(1, len(parts)))
             stack.extend(_imports(source, name, path.endswith("__init__.py")))
-        sources = {name: hashlib.sha256(source).hexdigest() for name, source in seen.items()}
+        return seen
+
+    def module_closure_digest(self, module: str) -> str:
+        """sha256 over the sources of ``module`` and its project-local imports."""
+        hit = self._closure.get(module)
+        if hit is not None:
+            return hit
+        sources = {name: hashlib.sha256(self.sources.read(name)).hexdigest()
+                   for name in self.closure_sources(module)}
         digest = hashlib.sha256(canonical_json(sources).encode()).hexdigest()
         self._closure[module] = digest
         return digest
+
+    def source_digest(self, cell: Cell) -> str:
+        """What the cell's code is: the cell digest (spec, case module, platform), the
+        closure of the case module's project-local imports and cpmatrix's world-side
+        source. Recorded with every result; ``merge`` and ``gate`` compare it."""
+        key = (cell.digest, cell.case, self.runtime_digest)
+        hit = self._source.get(key)
+        if hit is None:
+            # The cell, its imports, cpmatrix's world-side code (in this order).
+            parts = [cell.digest, self.module_closure_digest(cell.case.split(":", 1)[0]),
+                     self.runtime_digest]
+            hit = hashlib.sha256(canonical_json(parts).encode()).hexdigest()
+            self._source[key] = hit
+        return hit
 
     def digest(
         self, cell: Cell, *, runner_identity: Mapping[str, str], env: Mapping[str, str],
         toolchain: Mapping[str, str], mutant: str = "",
     ) -> str:
-        module = cell.case.split(":", 1)[0]
+        """The static pre-key: the cell's source digest and where and how it runs."""
         payload = {
-            "cell": cell.digest,
-            "closure": self.module_closure_digest(module),
-            "runtime": self.runtime_digest,
+            "source": self.source_digest(cell),
             "runner": dict(runner_identity),
             "toolchain": dict(toolchain),
             "env": dict(env),
@@ -173,39 +217,165 @@ class ActionKeys:
         return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
+def merge_reads(per_rank: Sequence[Mapping[str, str] | None]) -> dict[str, str] | None:
+    """The observed sets of a cell's ranks as one: a path two ranks saw with different
+    signatures (it changed between their reads) is ``CHANGED``; None when some rank's set
+    is unknown (not observed).
+
+    >>> merge_reads([{"a": "f:1", "b": "-"}, {"a": "f:1", "c": "f:2"}])
+    {'a': 'f:1', 'b': '-', 'c': 'f:2'}
+    >>> merge_reads([{"a": "f:1"}, {"a": "f:2"}]), merge_reads([{"a": "f:1"}, None])
+    ({'a': '!'}, None)
+    """
+    merged: dict[str, str] = {}
+    for reads in per_rank:
+        if reads is None:
+            return None
+        for path, sig in reads.items():
+            merged[path] = sig if merged.setdefault(path, sig) == sig else CHANGED
+    return merged
+
+
+#: A folder's signature kind -> the digest prefix that names what is hashed of it.
+_KIND_PREFIX: Final = {"f": "sha256:", "d": "ls:", "p": "py:"}
+
+
+def _signature_kind(kind: str) -> str:
+    """What ``stat`` says a path of an observed ``kind`` is: a file, or a folder (a listed
+    folder ``d`` and a folder imports search ``p`` are both folders).
+
+    >>> [_signature_kind(k) for k in ("f", "d", "p")]
+    ['f', 'd', 'd']
+    """
+    return "f" if kind == "f" else "d"
+
+
+class ReadHashes:
+    """Content hashes of observed paths, each computed once per signature.
+
+    A hash is remembered with the signature the path had when it was read, and reused
+    only while the path keeps that signature: a file edited during the run is hashed
+    again, never served from memory.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, str], tuple[str, str]] = {}
+        #: Paths whose hash was computed (not remembered): for the figures.
+        self.hashed = 0
+
+    def digest(self, path: str, kind: str) -> str:
+        """``sha256:`` (file, ``kind`` f), ``ls:`` (folder listing, d), ``py:`` (importable
+        names, p) of what ``path`` holds now; ``absent`` when there is nothing there (or
+        not of that kind: a folder where a file was is not that file)."""
+        now = signature(path)
+        remembered = self._memo.get((path, kind))
+        if remembered is not None and remembered[0] == now:
+            return remembered[1]
+        value = self._compute(path, kind, now)
+        if signature(path) == now:  # unchanged while it was read: safe to remember
+            self._memo[(path, kind)] = (now, value)
+        return value
+
+    def _compute(self, path: str, kind: str, now: str) -> str:
+        if now == ABSENT or _signature_kind(kind) != now[0]:
+            return "absent"
+        self.hashed += 1
+        try:
+            if kind == "f":
+                with open(path, "rb") as f:
+                    return "sha256:" + hashlib.file_digest(f, hashlib.sha256).hexdigest()
+            names = sorted(n for n in os.listdir(path) if kind == "d" or importable(n))
+        except OSError as exc:
+            return f"unreadable:{type(exc).__name__}"
+        return _KIND_PREFIX[kind] + hashlib.sha256("\n".join(names).encode()).hexdigest()
+
+    def settle(self, reads: Mapping[str, str], *, private_files: bool = False,
+               ) -> dict[str, str] | str:
+        """The content hashes of a cell's observed set, checked against the signatures the
+        ranks saw; a reason (str) when it cannot be stored: a path that changed since a
+        rank read it, or while the cell ran.
+
+        ``private_files``: the ranks see files of their own (a container image) beside
+        the shared folders; a file they saw that is not here is the image's, which the
+        runner's identity covers.
+        """
+        hashes: dict[str, str] = {}
+        for path, sig in sorted(reads.items()):
+            if sig == CHANGED:
+                return f"{path} changed while the cell ran"
+            now = signature(path)
+            if sig == ABSENT:  # looked for, not found: it must still not be there
+                if now != ABSENT:
+                    return f"{path} changed after the cell read it"
+                hashes[path] = "absent"
+                continue
+            if sig[0] not in _KIND_PREFIX:
+                return f"{path}: unknown signature {sig!r}"
+            kind = sig[0]
+            if now == ABSENT and private_files:
+                continue
+            # A rank's "d"/"p" folder is a folder here ("d" to stat): same signature.
+            if now != _signature_kind(kind) + sig[1:]:
+                return f"{path} changed after the cell read it"
+            value = self.digest(path, kind)
+            if signature(path) != now:
+                return f"{path} changed while it was hashed"
+            hashes[path] = value
+        return hashes
+
+    def matches(self, path: str, stored: str) -> bool:
+        """Whether ``path`` still holds what ``stored`` (an entry's hash) says."""
+        if stored == "absent":
+            return signature(path) == ABSENT
+        for kind, prefix in _KIND_PREFIX.items():
+            if stored.startswith(prefix):
+                return self.digest(path, kind) == stored
+        return False  # an unknown kind: never a hit
+
+
 class ResultCache:
-    """PASS results by action digest, one JSON file each under ``root/results``."""
+    """First-attempt PASS results by pre-key, each with its observed set's hashes, one JSON
+    file each under ``root/results``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, hashes: ReadHashes | None = None) -> None:
         self.root = root
+        self.hashes = hashes if hashes is not None else ReadHashes()
 
-    def _path(self, digest: str) -> Path:
-        return self.root / "results" / digest[:2] / f"{digest}.json"
+    def _path(self, key: str) -> Path:
+        return self.root / "results" / key[:2] / f"{key}.json"
 
-    def get(self, digest: str, cell_id: str) -> Result | None:
-        path = self._path(digest)
+    def get(self, key: str, cell_id: str) -> Result | None:
+        """The stored pass, marked cached, when every file it read still holds what it
+        held; None otherwise (a miss: the cell runs)."""
+        path = self._path(key)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             result = Result.from_dict(data["result"])
+            reads = data["reads"]
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # corrupt or foreign: ignored, rewritten by the next pass
-        if data.get("digest") != digest or result.cell_id != cell_id:
+        if data.get("format") != FORMAT or data.get("key") != key or \
+                result.cell_id != cell_id or result.status is not Status.PASSED or \
+                not isinstance(reads, dict):
             return None
-        if result.status is not Status.PASSED:
-            return None
+        for file, stored in reads.items():
+            if not isinstance(stored, str) or not self.hashes.matches(str(file), stored):
+                return None
         return replace(result, status=Status.CACHED,
                        message=f"(cached) passed at {data.get('stored_at', '?')}")
 
-    def put(self, digest: str, result: Result) -> None:
-        """Store a fresh PASS (anything else is ignored)."""
-        if result.status is not Status.PASSED or result.mutant:
-            return
-        import time
-
-        atomic_write_json(self._path(digest), {
-            "digest": digest,
+    def put(self, key: str, result: Result, reads: Mapping[str, str]) -> bool:
+        """Store a fresh first-attempt PASS with the hashes of what it read (anything
+        else is ignored); True when stored."""
+        if result.status is not Status.PASSED or result.mutant or result.attempts != 1:
+            return False
+        atomic_write_json(self._path(key), {
+            "format": FORMAT,
+            "key": key,
             "stored_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "reads": dict(sorted(reads.items())),
             "result": result.to_dict(),
         })
+        return True

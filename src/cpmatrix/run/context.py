@@ -61,3 +61,7 @@ class RunContext:
     compile_cache: Path | None = None
     #: The environment the hermetic allow-list is read from.
     source_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Per cell id, the source identity its results carry (:mod:`cpmatrix.run.provenance`).
+    sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: ``--order`` as given (``random:SEED`` with its seed), "" for the planner's own.
+    order: str = ""

@@ -4,6 +4,12 @@ The command line is generated from the fields (:func:`add_run_arguments`), so a 
 cannot exist without its flag and its documentation, and ``cpmatrix run``, ``cpmatrix
 spill``, ``repro`` and the nox sessions read the same object.
 
+Paths are resolved once, when the options are made (at parse time): ``--out``,
+``--cache-dir`` and ``--durations`` become absolute (relative to the folder cpmatrix was
+started in), and ``--python`` becomes the absolute path of an executable file (a bare
+name is looked up on ``PATH``), or the options are refused (exit 2) naming it. Worlds
+start in folders of their own, where a relative path would name another file.
+
 Example::
 
     >>> import argparse
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shutil
 import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -25,8 +33,9 @@ from typing import Any
 
 from cpmatrix.errors import UsageError
 from cpmatrix.run.balance import parse_shard
+from cpmatrix.run.ordering import parse_order
 
-__all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_run_arguments"]
+__all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_run_arguments", "resolve_interpreter"]
 
 #: How a world's ranks are started (see docs/worlds.md for the measured choice).
 LAUNCHERS = ("fork", "torchrun")
@@ -75,8 +84,13 @@ class RunOptions:
         "ranks are skipped", metavar="N", type=int))
     keep_order: bool = field(default=False, metadata=_flag(
         "--keep-order",
-        "run cells in matrix order (within each size) instead of longest-first",
-        action="store_true"))
+        "run cells one at a time in matrix order (within each size) instead of "
+        "longest-first", action="store_true"))
+    order: str | None = field(default=None, metadata=_flag(
+        "--order", "the order each world runs its cells in: matrix, reverse, or random "
+        "(random:SEED to repeat one; the seed is printed and recorded); to find cells whose "
+        "verdict depends on another cell (default: widest, then longest first)",
+        metavar="matrix|reverse|random[:SEED]"))
     python: str = field(default=sys.executable, metadata=_flag(
         "--python", "interpreter that launches the worlds (default: this one)",
         metavar="PATH"))
@@ -153,6 +167,14 @@ class RunOptions:
             value = getattr(self, f.name)
             if f.name.endswith("_s") and not value >= 0:
                 raise UsageError(f"{f.metadata['flag']} must be >= 0 seconds, got {value}")
+        if self.order is not None:
+            parse_order(self.order)
+        # Once, here: the worlds run in folders of their own (frozen: set in place).
+        for name in ("out", "cache_dir", "durations"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, os.path.abspath(os.path.expanduser(value)))
+        object.__setattr__(self, "python", resolve_interpreter(self.python))
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> RunOptions:
@@ -164,6 +186,32 @@ class RunOptions:
         else:
             values.pop("slurm_args", None)
         return cls(**values)
+
+
+def resolve_interpreter(python: str) -> str:
+    """``--python`` as an absolute path (not following links: a venv's ``bin/python`` is a
+    link, and the venv is what it means); :class:`UsageError` naming it when it is no
+    executable file.
+
+    >>> resolve_interpreter(sys.executable) == os.path.abspath(sys.executable)
+    True
+    >>> resolve_interpreter("./no/such/python")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    cpmatrix.errors.UsageError: --python ./no/such/python: no such interpreter (no file ...)
+    """
+    if os.sep in python or (os.altsep and os.altsep in python):
+        path = os.path.abspath(os.path.expanduser(python))
+    else:
+        found = shutil.which(python)
+        if found is None:
+            raise UsageError(f"--python {python}: no such interpreter (not found on PATH)")
+        path = os.path.abspath(found)
+    if not os.path.isfile(path):
+        raise UsageError(f"--python {python}: no such interpreter (no file {path})")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"--python {python}: {path} is not executable")
+    return path
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *,

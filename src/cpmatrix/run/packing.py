@@ -8,9 +8,10 @@ cells. Pure; no processes, no torch.
 
 The schedule is list scheduling of rigid jobs, simulated on the expected durations:
 whenever ranks are free, the highest-priority cell that fits starts on the lowest free
-ranks (priority: widest first, then longest first, as the planner orders cells; a
-narrow cell fills the ranks a wide one leaves idle). ``serial`` places every cell on
-ranks ``0..k-1``, one after another: one cell at a time, as worlds ran before slots.
+ranks (priority: the input order; the planner's is widest first, then longest first,
+``cpmatrix run --order`` gives another; a narrow cell fills the ranks a wide one leaves
+idle). ``serial`` places every cell on ranks ``0..k-1``, one after another: one cell
+at a time, in the input order, as worlds ran before slots.
 
 What runs is the plan's **order**, not its clock: every rank runs its own cells in the
 order of their planned start, and a cell starts once all of its ranks reach it. Any two
@@ -59,6 +60,10 @@ class PackSpec:
     #: Platforms whose cells stay in one world whatever ``--jobs`` says (a GPU host's:
     #: one world packs every device).
     whole: tuple[str, ...] = ()
+    #: The cells' priority is the order they are given in (``--order``), not widest and
+    #: longest first; and planned without recorded durations, so that the same order
+    #: gives the same placement on every run.
+    ordered: bool = False
 
     def world_ranks(self, platform: str, widths: Sequence[int]) -> int:
         """Ranks a world of cells of ``widths`` on ``platform`` launches."""
@@ -150,7 +155,8 @@ def _serial(widths: Sequence[int], expected: Sequence[float]) -> list[Slot]:
 def _list_schedule(widths: Sequence[int], expected: Sequence[float],
                    ranks: int) -> list[Slot]:
     """Event-driven greedy: at each moment ranks free up, start the highest-priority
-    cells that fit (the widest fitting width's first cell, repeatedly)."""
+    cells that fit (the first in the input order among those that fit, repeatedly; with
+    the planner's widest-first order that is the widest fitting width's first cell)."""
     # Cells of each width in priority order; the widths, widest first.
     queues: dict[int, list[int]] = {}
     for i, w in enumerate(widths):
@@ -165,14 +171,14 @@ def _list_schedule(widths: Sequence[int], expected: Sequence[float],
         started = True
         while started:
             started = False
-            # The highest priority among cells that fit: widest width that fits, and
-            # within a width, the planner's order. A cell of a wider width that is next
-            # in the planner's order but does not fit never blocks a narrower one.
+            # The highest priority among cells that fit: the earliest in the input order
+            # of each fitting width's next cell. A cell that is next in the order but
+            # does not fit never blocks a narrower one.
             best: int | None = None
             for w in by_width:
                 if w <= len(free) and heads[w] < len(queues[w]):
-                    best = queues[w][heads[w]]
-                    break
+                    head = queues[w][heads[w]]
+                    best = head if best is None or head < best else best
             if best is not None:
                 w = widths[best]
                 heads[w] += 1

@@ -92,6 +92,8 @@ def plan_batches(
             if keep_order:  # matrix order, to bisect state leaking between cells
                 # ... by size all the same: a world switches its group once per size.
                 entries.sort(key=lambda e: -e[0].world_size)
+            elif pack is not None and pack.ordered:
+                pass  # --order: the cells' own order is the priority
             else:
                 entries.sort(key=lambda e: (-e[0].world_size, -expected(e), e[0].id, e[1]))
             size = batch_size if batch_size and batch_size > 0 else len(entries)

@@ -160,8 +160,10 @@ def run_cells(
         shutil.rmtree(out / stale, ignore_errors=True)
     # --durations (an earlier release's) first; this folder's own records win over it.
     durations = {**(recorded or {}), **load_durations(out)}
-    # Worlds pack their cells onto their ranks by these (a handed-back rest included).
-    context = replace(context, durations=durations)
+    # Worlds pack their cells onto their ranks by these (a handed-back rest included);
+    # with --order by none, so that one order always gives one placement.
+    planning = {} if context.pack.ordered else durations
+    context = replace(context, durations=planning)
     session = _Session(context, platforms, jobs=jobs, devices=devices, store=store,
                        on_result=on_result, wrap_job=wrap_job)
     cached = cached or {}
@@ -170,7 +172,7 @@ def run_cells(
     weights: dict[str, float] = {}
     for executor in EXECUTORS:
         mine = [c for c in todo if executor_for(c.kind) is executor]
-        for b in executor.plan(mine, durations=durations, batch_size=batch_size,
+        for b in executor.plan(mine, durations=planning, batch_size=batch_size,
                                keep_order=keep_order,
                                worlds=jobs if worlds is None else worlds, pack=context.pack,
                                mutants=mutants if executor.supports_mutants else None):
@@ -222,7 +224,8 @@ def run_cells(
         write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
         world_files.append(path)
     report = out / "report.xml"
-    merge_junit(world_files, report, run_id=context.run_id)
+    merge_junit(world_files, report, run_id=context.run_id,
+                properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
     new_durations = dict(durations)
     for r in ordered.values():
@@ -267,6 +270,9 @@ class _Session:
         return sum(self.jobs_started.values())
 
     def record(self, batch: str, entry: Entry, result: Result, notify: bool = True) -> None:
+        source = self.context.sources.get(entry.cell.id)
+        if source is not None:  # what this run computed it from (a cached pass too)
+            result = replace(result, source=dict(source))
         self.results[entry.key] = result
         self.by_batch.setdefault(batch, []).append(entry.key)
         if notify and self.on_result is not None:

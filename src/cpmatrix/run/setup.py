@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cpmatrix.errors import UsageError
@@ -24,7 +25,7 @@ from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.result import Result
-from cpmatrix.run.cache import ActionKeys, ResultCache, default_cache_dir
+from cpmatrix.run.cache import ActionKeys, ReadHashes, ResultCache, default_cache_dir
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.devices import visible_cuda_devices
 from cpmatrix.run.entry import Entry
@@ -34,6 +35,7 @@ from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import fit_to_devices
+from cpmatrix.run.provenance import cell_digests, run_source, stamp
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
 from cpmatrix.run.toolchain import interpreter_identity
 
@@ -58,6 +60,8 @@ class PreparedRun:
     mutants: dict[str, list[str]] | None
     cached: dict[str, Result]
     store: Store | None
+    #: One line on the cache lookup (hits, time, files hashed); "" with --no-cache.
+    cache_note: str = ""
 
 
 def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
@@ -90,10 +94,10 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
     >>> cpu = Platform(name="cpu", backend="gloo", device="cpu")
     >>> gpu = Platform(name="cuda", backend="nccl", device="cuda")
     >>> pack_spec(RunOptions(), [cpu, gpu], devices=8)
-    PackSpec(serial=False, ranks=(('cuda', 8),), whole=('cuda',))
+    PackSpec(serial=False, ranks=(('cuda', 8),), whole=('cuda',), ordered=False)
     >>> pack_spec(RunOptions(pack="serial", world_ranks=16, scheduler="slurm"), [cpu, gpu],
     ...           devices=4)
-    PackSpec(serial=True, ranks=(('cpu', 16), ('cuda', 4)), whole=())
+    PackSpec(serial=True, ranks=(('cpu', 16), ('cuda', 4)), whole=(), ordered=False)
     """
     ranks: list[tuple[str, int]] = []
     whole: list[str] = []
@@ -112,7 +116,9 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
             ranks.append((p.name, options.world_ranks))
     # --keep-order: matrix order, one cell at a time (to bisect state leaking between cells).
     serial = options.pack == "serial" or options.keep_order
-    return PackSpec(serial=serial, ranks=tuple(ranks), whole=tuple(whole))
+    # --order: the cells come in that order, which is their priority (run/ordering.py).
+    return PackSpec(serial=serial, ranks=tuple(ranks), whole=tuple(whole),
+                    ordered=options.order is not None)
 
 
 def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
@@ -136,8 +142,13 @@ def cache_root(options: RunOptions) -> Path:
 
 
 def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
-                claim: OutClaim) -> PreparedRun:
+                claim: OutClaim, *, keys: ActionKeys | None = None,
+                selection: Sequence[Cell] | None = None, order: str = "") -> PreparedRun:
     """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
+
+    ``keys``: the run's source digests (made here if not given); ``selection``: the whole
+    selection when ``cells`` is one shard of it (``run.json`` records the digests of
+    all of it); ``order``: ``--order`` as resolved (recorded).
 
     Raises :class:`UsageError` (exit 2) for what cannot run here: cuda cells with no
     device, an unusable runner, an interpreter that cannot run, a case whose mutants
@@ -161,26 +172,39 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
                                  Path(matrix.path).resolve().parent)
     toolchain = interpreter_identity(options.python)
-    context = make_context(matrix, out, runner, options, claim.run_id)
+    keys = keys if keys is not None else ActionKeys(search_path=matrix.pythonpath)
+    source = run_source(matrix.path, keys)
+    mine = cell_digests(cells, keys)
+    context = replace(make_context(matrix, out, runner, options, claim.run_id),
+                      sources=stamp(mine, source), order=order)
     mutants = discover_mutants(matrix.pythonpath, fits, options.python) \
         if options.mutants else None
-    cached, store = _cache_hooks(options, fits, context, platforms, mutants is not None,
-                                 toolchain)
-    atomic_write_json(out / "run.json", {"run_id": claim.run_id, "argv": sys.argv,
-                                         "toolchain": toolchain, "runner": runner.name})
+    cached, store, note = _cache_hooks(options, fits, context, platforms, mutants is not None,
+                                       toolchain, keys)
+    atomic_write_json(out / "run.json", {
+        "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
+        "runner": runner.name, "order": order or "planned",
+        # The digest of every selected cell (a shard's: the whole selection's), so a
+        # merge can refuse shards of different sources even when they share no cell.
+        "source": {**source.to_dict(), "cells": {
+            **mine, **(cell_digests(selection, keys) if selection is not None else {})}},
+    })
     return PreparedRun(cells=fits, skipped=skipped, platforms=platforms, devices=devices,
                        runner=runner, why_runner=why, context=context, toolchain=toolchain,
-                       mutants=mutants, cached=cached, store=store)
+                       mutants=mutants, cached=cached, store=store, cache_note=note)
 
 
 def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext,
                  platforms: Mapping[str, Platform], mutants: bool,
-                 toolchain: Mapping[str, str]) -> tuple[dict[str, Result], Store | None]:
-    """Cached passes for ``cells`` and a function that stores new passes."""
+                 toolchain: Mapping[str, str], keys: ActionKeys,
+                 ) -> tuple[dict[str, Result], Store | None, str]:
+    """Cached passes for ``cells``, a function that stores new passes, and a line on the
+    lookup."""
     if options.no_cache:
-        return {}, None
-    cache = ResultCache(cache_root(options))
-    keys = ActionKeys(search_path=context.project_roots)
+        return {}, None, ""
+    t0 = time.monotonic()
+    hashes = ReadHashes()
+    cache = ResultCache(cache_root(options), hashes)
     identity = context.runner.identity()
     allow = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     digests = {
@@ -196,11 +220,22 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
             hit = cache.get(digests[c.id], c.id)
             if hit is not None:
                 hits[c.id] = hit
+    note = (f"cache: {len(hits)} of {len(cells)} cells cached (looked up in "
+            f"{time.monotonic() - t0:.2f} s, {hashes.hashed} files hashed)")
+    private = context.runner.private_files
 
     def store(cell: Cell, result: Result) -> None:
+        if result.reads is None:
+            print(f"note: {cell.id} is not cached: what it read was not observed on every "
+                  "rank", file=sys.stderr)
+            return
+        settled = hashes.settle(result.reads, private_files=private)
+        if isinstance(settled, str):
+            print(f"note: {cell.id} is not cached: {settled}", file=sys.stderr)
+            return
         try:
-            cache.put(digests[cell.id], result)
+            cache.put(digests[cell.id], result, settled)
         except OSError as exc:  # a full or read-only cache must not fail the run
             print(f"warning: could not store {cell.id} in the cache: {exc}", file=sys.stderr)
 
-    return hits, store
+    return hits, store, note

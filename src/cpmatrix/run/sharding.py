@@ -58,9 +58,12 @@ def take_shard(cells: Sequence[Cell], spec: str, durations: Mapping[str, float]
                                 partition=partition)
 
 
-def write_empty_report(out: Path, run_id: str) -> None:
-    """A shard with no cells still leaves a (empty) report for the merge to read."""
+def write_empty_report(out: Path, run_id: str,
+                       source: Mapping[str, object] | None = None) -> None:
+    """A shard with no cells still leaves a (empty) report for the merge to read, and
+    its ``run.json`` the source of the whole selection (``source``)."""
     for stale in ("report.xml", "results.json"):
         (out / stale).unlink(missing_ok=True)
     merge_junit([], out / "report.xml", run_id=run_id)
     atomic_write_json(out / "results.json", [])
+    atomic_write_json(out / "run.json", {"run_id": run_id, "source": dict(source or {})})

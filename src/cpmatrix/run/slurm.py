@@ -121,6 +121,7 @@ class SlurmRunner:
         self.inner = inner
         self.settings = settings
         self.name = inner.name  # the runner that isolates the world, as reported
+        self.private_files = inner.private_files
         #: Job names submitted by this run, in order; cancelled ones (by cpmatrix);
         #: the ones whose state is still of interest (asked about together).
         self.submitted: list[str] = []

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from cpmatrix.remote.protocol import Outcome
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
+from cpmatrix.run.cache import merge_reads
 from cpmatrix.run.entry import Entry
 
 __all__ = ["COLLATERAL", "describe_status", "merge_evidence", "result_from_outcomes",
@@ -122,7 +123,8 @@ def result_from_outcomes(entry: Entry, outcomes: Sequence[Outcome], *,
     if not errors:
         return Result(cell_id=entry.cell.id, status=Status.PASSED, evidence=evidence,
                       duration_s=duration, case_s=case_s, attempts=entry.attempt,
-                      mutant=entry.mutant, out_dir=entry.out_dir)
+                      mutant=entry.mutant, out_dir=entry.out_dir,
+                      reads=merge_reads([o.reads for o in outcomes]))
     primary, collateral = split_errors(errors, peer_died=peer_died)
     failures = tuple(RankFailure(rank=o.rank, message=o.message, traceback=o.traceback,
                                  check=o.check) for o in primary + collateral)

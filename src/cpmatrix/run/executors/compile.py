@@ -63,7 +63,8 @@ def _result(entry: Entry, done: Outcome) -> Result:
     evidence = _evidence(done.evidence)
     if done.ok:
         return Result(cell_id=entry.cell.id, status=Status.PASSED, evidence=evidence,
-                      duration_s=done.duration_s, case_s=done.duration_s, message=done.message)
+                      duration_s=done.duration_s, case_s=done.duration_s, message=done.message,
+                      reads=done.reads)
     message = done.message or "spill gate failed"
     return Result(
         cell_id=entry.cell.id, status=Status.FAILED, kind=FailureKind.ERROR, failing_ranks=(0,),
@@ -102,7 +103,7 @@ class CompileRun:
             job = CompileJob(
                 run_id=ctx.run_id, progress=str(self.progress.folder),
                 cache_dir=str(ctx.compile_cache) if ctx.compile_cache else None,
-                search_path=list(ctx.pythonpath),
+                search_path=list(ctx.pythonpath), out_root=str(ctx.out_root),
                 cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
             write_typed(self.dir / "job.json", job)
             env = hermetic_env(ctx.source_env, home=str(self.dir), tmp=str(self.dir),

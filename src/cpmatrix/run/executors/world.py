@@ -110,11 +110,11 @@ class WorldRun:
         self.platform = platform
         self.context = context
         self.devices = devices
-        # The packing's priority: widest, then longest first (serial: as planned, which
-        # is matrix order with --keep-order). Handed-back cells are re-packed the same way.
+        # The packing's priority: widest, then longest first (serial or --order: as
+        # planned). Handed-back cells are re-packed the same way.
         times = {e.key: expected_s(e.cell, context.durations) for e in entries}
         ordered = list(entries)
-        if not context.pack.serial:
+        if not context.pack.serial and not context.pack.ordered:
             ordered.sort(key=lambda e: (-e.cell.world_size, -times[e.key]))
         packing = context.pack.plan(platform.name, [e.cell.world_size for e in ordered],
                                     [times[e.key] for e in ordered])

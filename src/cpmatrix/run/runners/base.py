@@ -88,6 +88,10 @@ class Runner(Protocol):
     name: str
     #: True when worker pids are pids of this machine's namespace (may be signalled).
     shares_pid_namespace: bool
+    #: True when the launched processes see files of their own (a container image) beside
+    #: the launch's folders: a file they read that this machine lacks is covered by
+    #: :meth:`identity`, not by the result cache's observed set.
+    private_files: bool
 
     def unavailable(self) -> str | None:
         """None when usable here, else a one-line reason."""

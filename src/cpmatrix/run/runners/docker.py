@@ -217,6 +217,8 @@ class DockerRunner:
     name = "docker"
     #: Ranks run in the host's pid namespace, so their reported pids may be signalled.
     shares_pid_namespace = True
+    #: The image's files beside the bound folders (covered by the image id).
+    private_files = True
 
     def __init__(
         self, *, image: str | None = None, dockerfile: Path | None = None,

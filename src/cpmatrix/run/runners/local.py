@@ -18,6 +18,7 @@ class LocalRunner:
 
     name = "local"
     shares_pid_namespace = True
+    private_files = False
 
     def unavailable(self) -> str | None:
         return None

@@ -247,6 +247,8 @@ class SandboxRunner:
     name = "sandbox"
     #: Ranks run in the host's pid namespace, so their reported pids may be signalled.
     shares_pid_namespace = True
+    #: The host's files, read-only (``--ro-bind / /``): the same paths, the same content.
+    private_files = False
 
     def __init__(self, *, bwrap: str | None = None, device: str = "cpu") -> None:
         if device not in ("cpu", "cuda"):

@@ -1,0 +1,95 @@
+"""``cpmatrix run --order matrix|reverse|random[:SEED]`` (``cpmatrix.run.ordering``): the
+parsed order, the cells in it, a world planned in it, and the seed that repeats it.
+``tests/worlds/test_order.py`` runs the reference suite and the recipes in all three."""
+
+from __future__ import annotations
+
+import doctest
+import re
+
+import pytest
+
+from cli_runner import RES, run_cli
+from cpmatrix.errors import UsageError
+from cpmatrix.matrix.schema import Cell, Mesh
+from cpmatrix.run import ordering
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.ordering import Order, arrange, parse_order
+from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.plan import plan_batches
+
+
+def test_doctests_run() -> None:
+    result = doctest.testmod(ordering)
+    assert result.failed == 0 and result.attempted >= 4
+
+
+def test_parse_order() -> None:
+    assert parse_order("matrix") == Order("matrix")
+    assert parse_order("reverse") == Order("reverse")
+    assert parse_order("random:0") == Order("random", 0)
+    fresh = {parse_order("random").seed for _ in range(5)}
+    assert None not in fresh and len(fresh) > 1  # a fresh seed each time, printed
+    for bad in ("", "Matrix", "random:-1", "random:x", "reverse:3", "random:"):
+        with pytest.raises(UsageError, match="--order"):
+            parse_order(bad)
+    with pytest.raises(UsageError, match="--order"):
+        RunOptions(order="sideways")
+
+
+def test_a_seed_repeats_its_order_and_another_seed_gives_another() -> None:
+    items = list(range(50))
+    a = arrange(items, Order("random", 1))
+    assert a == arrange(items, Order("random", 1)) != arrange(items, Order("random", 2))
+    assert sorted(a) == items and a != items
+    assert arrange(items, Order("matrix")) == items
+    assert arrange(items, Order("reverse")) == items[::-1]
+    assert items == list(range(50)), "never in place"
+
+
+def _cell(i: int, mesh: str) -> Cell:
+    return Cell(id=f"t{i}", target="t", case="m:f", kind="parity", level="unit",
+                mesh=Mesh.parse(mesh), dtype="fp64", autocast=False, path="reference",
+                params=(), platform="cpu", timeout_s=60, tags=())
+
+
+def test_an_ordered_world_keeps_the_given_order_as_its_priority() -> None:
+    cells = [_cell(1, "1x1"), _cell(2, "2x2"), _cell(3, "1x2"), _cell(4, "1x1")]
+    planned = plan_batches(cells, pack=PackSpec(), durations={"t1": 9.0})
+    assert [c.id for c in planned[0].cells] == ["t2", "t3", "t1", "t4"]  # widest first
+    (batch,) = plan_batches(cells, pack=PackSpec(ordered=True))
+    assert [c.id for c in batch.cells] == ["t1", "t2", "t3", "t4"]
+    assert batch.packing is not None
+    # Slots: t1 (1 rank) starts first; t2 (4 ranks) does not fit beside it and waits,
+    # never blocking t3 and t4, which fit the free ranks (a priority, not a queue).
+    assert [batch.cells[i].id for i in batch.packing.order] == ["t1", "t3", "t4", "t2"]
+    serial = plan_batches(cells, pack=PackSpec(ordered=True, serial=True))[0]
+    assert [c.id for c in serial.cells] == ["t1", "t2", "t3", "t4"]
+    # --keep-order still groups by size (widest first), the order kept within a size.
+    kept = plan_batches(arrange(cells, Order("reverse")), keep_order=True,
+                        pack=PackSpec(ordered=True, serial=True))[0]
+    assert [c.id for c in kept.cells] == ["t2", "t3", "t4", "t1"]
+
+
+def _planned(*extra: str) -> tuple[str, list[str]]:
+    """The dry run's output and its cells in the order they run (one at a time)."""
+    proc = run_cli("run", "--matrix", str(RES / "runtime.yaml"), "--dry-run", "--pack",
+                   "serial", *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")
+             and "ranks" in line]
+    return proc.stdout, cells
+
+
+def test_the_order_is_printed_and_a_seed_repeats_the_plan() -> None:
+    _, matrix = _planned("--order", "matrix")
+    _, reverse = _planned("--order", "reverse")
+    assert matrix and reverse == matrix[::-1]
+    out, shuffled = _planned("--order", "random")
+    seed = re.search(r"^order: random:(\d+) \(--order random:\1 runs this order again\)$",
+                     out, re.M)
+    assert seed is not None, out
+    assert _planned("--order", f"random:{seed.group(1)}")[1] == shuffled
+    assert sorted(shuffled) == sorted(matrix)
+    proc = run_cli("run", "--matrix", str(RES / "runtime.yaml"), "--order", "upside-down")
+    assert proc.returncode == 2 and "--order 'upside-down'" in proc.stderr
