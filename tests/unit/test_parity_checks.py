@@ -118,7 +118,7 @@ def test_sharded_axes_are_not_compared(world: Any) -> None:
         return replicated_problems({"rows": rows}, mesh)
 
     for out in fake.run(check):
-        assert out.ok and out.skipped == "no replicated value spans more than one rank"
+        assert out.ok and out.skipped.startswith("nothing here is replicated over more than one")
     assert fake.calls[0] == []
 
 
