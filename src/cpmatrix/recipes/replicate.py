@@ -57,7 +57,9 @@ class DataParallelMLP(MLP):
         return DTensor.from_local(y, x.device_mesh, x.placements, shape=shape, stride=stride)
 
 
-def sum_hook(group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+# Unannotated on purpose: DDP checks a hook's annotations against the real classes, and
+# under ``from __future__ import annotations`` they are strings ("should be dist.GradBucket").
+def sum_hook(group, bucket):  # type: ignore[no-untyped-def]
     """A DDP comm hook that sums a gradient bucket (a ``dist.GradBucket``) over ``group``,
     without DDP's division by the group size."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
