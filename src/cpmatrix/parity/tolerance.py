@@ -128,7 +128,7 @@ class Tolerance:
 
         >>> tolerance_for("fp64").describe()
         'rtol=1e-07, atol=1e-07 (table fp64/off/reference)'
-        >>> tolerance_for("bf16").describe()[:49]
+        >>> tolerance_for("bf16").describe()[:48]
         'fp64 twin: |cp - twin| <= 4 x max|serial - twin|'
     """
 

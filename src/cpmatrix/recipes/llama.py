@@ -30,7 +30,7 @@ Cases:
   twin rule does not (``docs/parity.md``). Planted bug ``fsdp_mean_grads``: FSDP's
   default divides the gradients by the ``cp0`` size (a mean) while the check's loss is a
   sum: killed by ``param_grad``, with the hint "CP = 0.5 x serial everywhere: mean vs sum
-  over `cp0`?".
+  over `cp0` or `cp1`?" (on 2x2 both axes have that size).
 
 Copy it as a starting point for a transformer: replace :class:`Transformer` by yours and
 keep :func:`tp_plan` in step with its module names.

@@ -14,8 +14,8 @@ Planted bug (``cpmatrix run --mutants``):
 - ``mean_instead_of_sum``: the comm hook is left out, so DDP's default divides the summed
   gradients by the ``cp0`` size: every parameter grad is half the serial one on 2x1 and
   2x2: killed by ``param_grad``, with the hint "CP = 0.5 x serial everywhere: mean vs sum
-  over `cp0`?" (the bug torchtitan's ``apply_ddp`` had, the other way round: averaging a
-  loss that was already divided).
+  over `cp0`?" on 2x1 (the bug torchtitan's ``apply_ddp`` had, the other way round:
+  averaging a loss that was already divided).
 """
 
 from __future__ import annotations
