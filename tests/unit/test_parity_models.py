@@ -212,7 +212,8 @@ class _Scaled(torch.autograd.Function):
 
 
 def _nested_inputs() -> dict[str, Any]:
-    return {"xs": [TensorSpec(shape=(4,)), TensorSpec(shape=(4,))],
+    g = torch.Generator().manual_seed(1)
+    return {"xs": [torch.randn(4, generator=g, dtype=torch.float64) for _ in range(2)],
             "feats": {"w": TensorSpec(shape=(4,)), "n": 3},
             "pair": Pair(left=torch.ones(4, dtype=torch.float64),
                          right=torch.arange(4.0, dtype=torch.float64), scale=0.5)}

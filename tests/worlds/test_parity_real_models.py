@@ -73,11 +73,12 @@ def test_finding_1_a_complex_rope_buffer_stays_complex_and_a_conjugated_rope_is_
 ) -> None:
     # main cast freqs_cis to a real dtype: both sides ran without rotary embeddings, and
     # the conjugated RoPE (a no-op on a real table) survived on every cell
-    for dtype, want in (("fp64", "torch.complex128"), ("fp32", "torch.complex64")):
-        ev = _passed(run.cell("llama_rope", dtype=dtype))
-        assert f"buffer freqs_cis: torch.complex64 -> {want}" in ev["parity.check.setup"]
-        assert ev["parity.check.buffer"].startswith("ok: 1 tensors within tolerance")
-        _killed(run.cell("llama_rope", "rope_conjugated", dtype), "output")
+    for target in ("llama_rope_tp", "llama_rope"):
+        for dtype, want in (("fp64", "torch.complex128"), ("fp32", "torch.complex64")):
+            ev = _passed(run.cell(target, dtype=dtype))
+            assert f"buffer freqs_cis: torch.complex64 -> {want}" in ev["parity.check.setup"]
+            assert ev["parity.check.buffer"].startswith("ok:")
+            _killed(run.cell(target, "rope_conjugated", dtype), "output")
 
 
 def test_finding_2_running_statistics_of_local_rows_are_killed_by_the_buffer_check(
@@ -138,7 +139,7 @@ def test_finding_7_mutants_are_judged_only_against_a_passing_cell(run: Run) -> N
     assert "NOT JUDGED always_wrong[" in run.stdout
     assert "KILLED  llama_rope[" in run.stdout
     assert "PASSED  " not in "\n".join(ln for ln in run.stdout.splitlines() if "!mutant=" in ln)
-    assert "mutants: 9/9 killed (kill rate 100.0%); 1 not judged" in run.stdout
+    assert "mutants: 11/11 killed (kill rate 100.0%); 1 not judged" in run.stdout
     report = (run.out / "report.xml").read_text()
     assert '<property name="status" value="killed" />' in report
     assert '<property name="status" value="not_judged" />' in report

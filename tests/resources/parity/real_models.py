@@ -26,6 +26,30 @@ from torch.distributed.tensor.parallel import (
 )
 
 from cpmatrix.parity import TensorSpec, check_parity, mutant_on, mutants
+from cpmatrix.recipes.llama import LlamaArgs, Transformer, tp_plan
+
+# ---------------------------------------------------------------------------- finding 1
+
+
+@mutants(rope_conjugated="the CP side rotates q and k by the conjugate RoPE phases")
+def llama_rope_tp(cell: Any) -> None:
+    """The llama-style model (complex64 RoPE table) with TP + SP on cp1, one forward and
+    backward with a random grad_output (no loss parallel: the plain form any version of
+    the toolkit takes)."""
+    torch.manual_seed(cell.seed)
+    args = LlamaArgs()
+    tokens = torch.randint(args.vocab_size, (2, 4 * cell.mesh.size(1)), generator=cell.generator)
+
+    def parallelize(module: nn.Module, mesh: Any) -> nn.Module:
+        model: Any = module
+        for block in model.layers.values():
+            block.attention.conjugate_rope = mutant_on(cell, "rope_conjugated")
+        parallelize_module(module, mesh["cp1"], tp_plan(model, loss_parallel=False))
+        return module
+
+    check_parity(cell, Transformer(args), Transformer(args),
+                 inputs={"tokens": TensorSpec.of(tokens, requires_grad=False)},
+                 placements={"tokens": None}, prepare_cp=parallelize)
 
 # ---------------------------------------------------------------------------- finding 2
 
@@ -107,6 +131,8 @@ class _Scaled(torch.autograd.Function):
 def list_inputs(cell: Any) -> None:
     """Tensors inside a list and a dict are inputs: each side gets its own, grads compared."""
     k = 3.0 if mutant_on(cell, "listed_grad_x3") else 1.0
+    xs = [torch.randn(4, 4, generator=cell.generator, dtype=cell.dtype) for _ in range(2)]
+    w = torch.randn(4, generator=cell.generator, dtype=cell.dtype)
 
     def serial(xs: list[torch.Tensor], extra: dict[str, Any]) -> torch.Tensor:
         return xs[0] * extra["w"] + xs[1].sin()
@@ -115,8 +141,8 @@ def list_inputs(cell: Any) -> None:
         return xs[0] * extra["w"] + _Scaled.apply(xs[1], k).sin()  # type: ignore[no-untyped-call]
 
     check_parity(cell, serial, cp,
-                 inputs={"xs": [TensorSpec(shape=(4, 4)), TensorSpec(shape=(4, 4))],
-                         "extra": {"w": TensorSpec(shape=(4,)), "note": "a plain value"}},
+                 inputs={"xs": xs,  # plain tensors in a list: each side gets a copy
+                         "extra": {"w": w, "note": "a plain value"}},
                  placements={"xs": [Shard(0)] * cell.mesh.ndim})  # extra.w: replicated
 
 
