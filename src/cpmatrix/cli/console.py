@@ -125,7 +125,7 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         lines.append(f"==== {sum(reasons.values())} skipped ====")
         lines += [f"  {n} cells {why}" for why, n in sorted(reasons.items())]
     counts = report.counts()
-    parts = [f"{counts.get(s.value, 0)} {s.value}" for s in Status if counts.get(s.value)]
+    parts = [f"{counts.get(s.value, 0)} {s.label.lower()}" for s in Status if counts.get(s.value)]
     lines.append("")
     lines.append(
         f"==== {len(report.results)} cells: {', '.join(parts) or 'none'} in "
