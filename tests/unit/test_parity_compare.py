@@ -270,7 +270,7 @@ def test_twin_verdict_equal_to_serial_always_passes_and_nan_never_does() -> None
     twin = _t(1.0, 2.0, 3.0)
     serial = _t(1.0, float("inf"), 3.5)
     cp = _t(float("nan"), float("inf"), 3.5)       # inf equals serial's inf: fine
-    name, bad, twin_err, serial_err, budget = twin_verdict(cp, serial, twin, rule)
+    _, bad, twin_err, serial_err, _ = twin_verdict(cp, serial, twin, rule)
     assert bad.tolist() == [True, False, False]
     assert serial_err == 0.5  # the non-finite serial element does not count
     assert twin_err == INF
