@@ -481,3 +481,20 @@ def test_no_differentiable_input_says_so_plainly() -> None:
                  placements={"tokens": None})
     assert cell.records["parity.check.input_grad"] == (
         "skipped: no input takes a gradient (only integer inputs, requires_grad=False, or none)")
+
+
+def test_warnings_of_the_twin_are_not_the_models() -> None:
+    class WarnsInFloat64(Lin):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.dtype == torch.float64:  # only the toolkit's own fp64 run takes this path
+                warnings.warn("Casting complex values to real discards the imaginary part",
+                              UserWarning, stacklevel=1)
+            return super().forward(x)
+
+    for optimizer in (None, lambda ps: torch.optim.SGD(ps, lr=0.1)):
+        cell = _cell("fp32")
+        check_parity(cell, WarnsInFloat64(2, 2), Lin(2, 2),
+                     inputs={"x": TensorSpec(shape=(3, 2))}, placements={"x": None},
+                     optimizer=optimizer, steps=1)
+        assert "parity.warnings" not in cell.records
+        assert cell.records["parity.twin"].startswith("ran")

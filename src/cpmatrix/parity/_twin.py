@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -71,13 +72,16 @@ class Twin:
     @contextmanager
     def running(self) -> Iterator[None]:
         """Run the twin: the global RNG state is restored after it (the twin must not move
-        any draw of the case), DtypeProbes ignore it, and an exception of the twin run
-        turns into "no twin" (the fixed table judges) instead of failing the check."""
+        any draw of the case), DtypeProbes ignore it, its warnings are not the model's
+        (not recorded), and an exception of the twin run turns into "no twin" (the fixed
+        table judges) instead of failing the check."""
         if not self.ok:
             yield
             return
         try:
-            with torch.random.fork_rng(devices=[]), twin_running():
+            with torch.random.fork_rng(devices=[]), twin_running(), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 yield
         except Exception as exc:  # the toolkit's extra run: never the user's failure
             first = str(exc).splitlines()[0] if str(exc) else ""
