@@ -308,6 +308,7 @@ def test_a_triple_is_judged_by_the_twin_and_a_pair_by_the_table() -> None:
     wrong = (twin * 2).to(torch.bfloat16)         # 100% off, far below bf16's fixed atol
     table, judged = compare_named({"p": (wrong, serial), "t": (wrong, serial, twin)}, BF16)
     assert table.ok and table.rule == "table"      # the fixed row passes it
+    assert (table.twin_err, table.serial_err, table.budget, table.ratio) == (0.0, 0.0, 0.0, None)
     assert not judged.ok and judged.rule == "twin" and judged.bad == 3
     assert judged.serial_err == pytest.approx(float((serial.double() - twin).abs().max()))
     assert judged.ratio == pytest.approx(2.0, rel=0.01)
@@ -341,8 +342,10 @@ def test_a_twin_diff_line_says_the_budget_and_the_serial_error() -> None:
     assert d.line() == (
         f"y: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}, 2/2 outside; |cp - twin| 0.5 "
         f"vs budget {d.budget:.3g} (serial's own 0.001)")
-    noise = compare_named({"z": (_t(5.0, 0.0), _t(1.0, 1.0), _t(0.0, 0.0))}, FP32)[0]
-    assert noise.rule == "twin-norm" and "||cp - twin||" in noise.line()
+    noise = compare_named({"z": (_t(10.0, 0.0), _t(1.0, 1.0), _t(0.0, 0.0))}, FP32)[0]
+    assert noise.rule == "twin-norm"
+    assert noise.line() == (f"z: max abs 9, max rel 9, 2/2 outside; ||cp - twin|| 10 vs budget "
+                            f"{noise.budget:.3g} (serial's own {noise.serial_err:.3g})")
 
 
 def test_the_pairs_must_be_pairs_or_triples() -> None:
@@ -395,7 +398,10 @@ def test_uniform_ratio_within_one_percent_and_of_complex_values() -> None:
     (3.0, {"cp0": 2}, "CP = 3 x serial everywhere: a missing or extra scale factor?"),
     (0.5, {}, "CP = 0.5 x serial everywhere: a missing or extra scale factor?"),
     (0.5, {"cp0": 1}, "CP = 0.5 x serial everywhere: a missing or extra scale factor?"),
-    (0.0, {"cp0": 2}, "CP = 0 x serial everywhere: a missing or extra scale factor?"),
+    (0.0, {"cp0": 2}, ""),
+    (-1.0011, {}, "CP = -1 x serial everywhere: a missing or extra scale factor?"),
+    (2.0 * 1.0011, {"cp0": 2},
+     "CP = 2 x serial everywhere: a missing or extra scale factor?"),
     (0.501, {"cp0": 2}, "CP = 0.501 x serial everywhere: a missing or extra scale factor?"),
     (2.0015, {"cp0": 2},
      "CP = 2 x serial everywhere: a sum where serial takes the mean (or counted twice) over "
@@ -425,3 +431,68 @@ def test_format_diffs_shows_shapes_in_one_line_hints_and_which_rule_judged() -> 
         "fp32/off/reference; no fp64 twin value))")
     assert format_diffs("output", table_only, FP32).splitlines()[2] == (
         "    CP = 0.5 x serial everywhere: a missing or extra scale factor?")
+
+
+def test_twin_verdict_boundaries_are_inclusive() -> None:
+    fp32, bf16 = FP32.twin, BF16.twin
+    assert fp32 is not None and bf16 is not None
+    # elementwise: exactly at the budget is inside (budget = 4 x 0.25 + 4 ulp at 1.0)
+    twin, serial = _t(1.0, 0.0), _t(1.0, 0.25)
+    budget = 1.0 + 4 * 2.0**-23
+    name, bad, _, _, got = twin_verdict(_t(1.0, budget), serial, twin, fp32)
+    assert (name, got, bad.tolist()) == ("twin", budget, [False, False])
+    # the noise switch: a serial error of exactly half the scale is noise (norms)
+    assert twin_verdict(_t(2.0, 0.0), _t(2.0, 1.0), _t(2.0, 0.0), fp32)[0] == "twin-norm"
+    assert twin_verdict(_t(2.0, 0.0), _t(2.0, 0.99), _t(2.0, 0.0), fp32)[0] == "twin"
+    # norms: exactly at the budget is inside (scale 0: no floor; 4 x ||(1,1,1,1)|| = 8)
+    zeros = _t(0.0, 0.0, 0.0, 0.0)
+    name, bad, cp_norm, serial_norm, got = twin_verdict(
+        _t(4.0, 4.0, 4.0, 4.0), _t(1.0, 1.0, 1.0, 1.0), zeros, bf16)
+    assert (name, cp_norm, serial_norm, got, bad.any().item()) == (
+        "twin-norm", 8.0, 2.0, 8.0, False)
+    assert bad.dtype == torch.bool and bad.shape == (4,)
+
+
+def test_twin_verdict_norm_budget_adds_the_floor_times_sqrt_n() -> None:
+    bf16 = BF16.twin
+    assert bf16 is not None
+    twin = _t(2.0, 0.0, 0.0, 0.0)                  # scale 2: floor 4 x 2^-7 x 2 = 1/16
+    serial = _t(2.0, 1.0, 0.0, 0.0)                # worst error 1 = half the scale: noise
+    name, _, _, serial_norm, budget = twin_verdict(serial, serial, twin, bf16)
+    assert (name, serial_norm) == ("twin-norm", 1.0)
+    assert budget == 4 * 1.0 + (4 * 2.0**-7 * 2.0) * 2.0  # sqrt(4) = 2
+
+
+def test_twin_verdict_counts_only_usable_elements_and_equal_ones_as_zero_error() -> None:
+    fp32 = FP32.twin
+    assert fp32 is not None
+    # a serial inf where the twin is finite: that element is not judged by closeness
+    twin, serial = _t(1e-3, 2e-3, 1e-3), _t(1e-3, float("inf"), 1e-3)
+    name, bad, twin_err, serial_err, budget = twin_verdict(_t(1e-3, 2e-3, 1e-3), serial,
+                                                           twin, fp32)
+    assert bad.tolist() == [False, True, False]  # CP finite where serial is not: differs
+    assert serial_err == 0.0 and twin_err == INF
+    assert budget == 4 * 2.0**-23 * 1e-3          # scale from the usable elements only
+    # CP equal to serial everywhere: no error at all, whatever the twin says
+    serial = twin + _t(1e-9, -1e-9, 0.0)
+    _, bad, twin_err, *_ = twin_verdict(serial.clone(), serial, twin, fp32)
+    assert twin_err == 0.0 and not bad.any()
+
+
+def test_a_twin_of_the_wrong_kind_cannot_judge() -> None:
+    real = torch.ones(2, dtype=D)
+    (d,) = compare_named({"t": (real, real, real.to(torch.complex128))}, FP32)
+    assert d.rule == "table"  # a complex twin for a real value computed something else
+    z = torch.ones(2, dtype=torch.complex64)
+    (d,) = compare_named({"t": (z, z, real)}, FP32)
+    assert d.rule == "table"
+
+
+def test_uniform_ratio_edges() -> None:
+    # an element of exactly a tenth of the largest carries the value
+    assert uniform_ratio(_t(5.0, 1.0, 5.0), _t(10.0, 1.0, 10.0)) is None
+    # exactly 1% from the median is uniform (median 100, 101 at 1.0 away)
+    assert uniform_ratio(_t(100.0, 101.0), _t(1.0, 1.0)) == 100.0
+    assert uniform_ratio(_t(1.0, 2.0) / 3, _t(1.0, 2.0)) == 0.333333  # 6 digits
+    assert uniform_ratio(torch.tensor([1.0 + 0j, 2.0]), _t(1.0, 2.0)) is None
+    assert uniform_ratio(_t(1.0, 2.0), torch.tensor([1.0 + 0j, 2.0])) is None

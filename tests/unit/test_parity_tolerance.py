@@ -274,3 +274,26 @@ def test_the_markdown_table_names_the_default_rule_of_each_row() -> None:
     assert "| fp64 | off | reference | fixed | 1e-07 | 1e-07 |" in table_markdown()
     assert "| bf16 | off | reference | fp64 twin (bf16 ulp) | 0.016 | 0.016 |" in table_markdown()
     assert "| fp32 | off | kernel | fp64 twin (tf32 ulp) |" in table_markdown()
+
+
+@pytest.mark.parametrize(("tol", "name"), [
+    (Tolerance(rtol=-1.0, atol=0.0), "rtol"),
+    (Tolerance(rtol=0.0, atol=float("nan")), "atol"),
+    (Tolerance(rtol=0.0, atol=0.0, twin=TwinRule(factor=-1, floor_ulps=1, precision="bf16")),
+     "twin factor"),
+    (Tolerance(rtol=0.0, atol=0.0, twin=TwinRule(factor=1, floor_ulps=-1, precision="bf16")),
+     "twin floor_ulps"),
+])
+def test_an_invalid_number_is_named(tol: Tolerance, name: str) -> None:
+    with pytest.raises(ToleranceError) as info:
+        resolve_tolerance(tol, dtype="bf16")
+    assert str(info.value).startswith(f"tolerance {name} must be a finite number >= 0, got ")
+
+
+def test_the_same_twin_rule_is_not_looser() -> None:
+    base = tolerance_for("bf16")
+    same = Tolerance(rtol=base.rtol, atol=base.atol, twin=base.twin)
+    assert not same.is_looser_than(base) and not base.is_looser_than(same)
+    assert resolve_tolerance(same, dtype="bf16") is same
+    both = base.loosen(factor=8, atol=0.05, reason="a fixed budget is what the kernel has")
+    assert both.twin is None and both.atol == 0.05  # rtol/atol given: fixed

@@ -153,7 +153,7 @@ def _diff(
         abs_diff = torch.where(equal, 0.0, (a - e).abs())
         twin_t = _twin_of(twin, e)
         if tol.twin is not None and twin_t is not None:
-            judged = twin_verdict(a, e, twin_t.to(wide), tol.twin)
+            judged = twin_verdict(a, e, twin_t, tol.twin)
             rule, bad_mask, twin_err, serial_err, budget = judged
         else:
             bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
@@ -173,11 +173,13 @@ def _diff(
 
 
 def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
-    """The twin value as a CPU tensor when it can judge ``expected``: a float64 or
-    complex128 tensor of the same shape (a twin that did not really run in fp64 cannot)."""
+    """The twin value as a CPU tensor when it can judge ``expected`` (float64 or
+    complex128 already): of the same shape, float64 for a real value and complex128 for a
+    complex one (a twin that did not really run in fp64, or computed something else,
+    cannot)."""
     if not isinstance(twin, torch.Tensor) or twin.shape != expected.shape:
         return None
-    if twin.dtype not in (torch.float64, torch.complex128):
+    if twin.dtype != (torch.complex128 if expected.is_complex() else torch.float64):
         return None
     return twin.detach().cpu()
 
@@ -216,7 +218,7 @@ def twin_verdict(
         serial_norm = float(torch.linalg.vector_norm(serial_abs))
         cp_norm = float(torch.linalg.vector_norm(cp_abs))
         budget = rule.factor * serial_norm + floor * math.sqrt(n)
-        bad = torch.full(cp.shape, cp_norm > budget, dtype=torch.bool)
+        bad = torch.full(cp.shape, cp_norm > budget)
         return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget
     budget = rule.budget(serial_err=serial_err, scale=scale)
     bad = ~(equal | (cp_abs <= budget))
@@ -259,18 +261,17 @@ def ratio_hint(ratio: float | None, sizes: Mapping[str, int]) -> str:
     >>> ratio_hint(1.3, {"cp0": 2})
     'CP = 1.3 x serial everywhere: a missing or extra scale factor?'
     """
-    if ratio is None or ratio == 1.0:
+    if not ratio or ratio == 1.0:  # uniform_ratio never gives 0: nothing to say of it
         return ""
     head = f"CP = {ratio:.3g} x serial everywhere: "
-    if abs(ratio + 1.0) <= 1e-3:
+    if math.isclose(ratio, -1.0, rel_tol=1e-3):
         return head + "a sign flipped?"
     axes = {name: size for name, size in sizes.items() if size > 1}
-    groups = dict(axes)
-    if len(axes) > 1:
-        groups[" x ".join(axes)] = math.prod(axes.values())
-    for k, way in ((1.0 / ratio if ratio else 0.0, "mean vs sum"),
+    # each axis, and the whole mesh (with one axis that is the axis itself again)
+    groups = {**axes, " x ".join(axes): math.prod(axes.values())} if axes else {}
+    for k, way in ((1.0 / ratio, "mean vs sum"),
                    (ratio, "a sum where serial takes the mean (or counted twice)")):
-        names = [n for n, size in groups.items() if abs(k - size) <= 1e-3 * size]
+        names = [n for n, size in groups.items() if math.isclose(k, size, rel_tol=1e-3)]
         if names:
             return head + f"{way} over " + " or ".join(f"`{n}`" for n in names) + "?"
     return head + "a missing or extra scale factor?"
