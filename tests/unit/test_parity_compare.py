@@ -468,8 +468,8 @@ def test_twin_verdict_counts_only_usable_elements_and_equal_ones_as_zero_error()
     assert fp32 is not None
     # a serial inf where the twin is finite: that element is not judged by closeness
     twin, serial = _t(1e-3, 2e-3, 1e-3), _t(1e-3, float("inf"), 1e-3)
-    name, bad, twin_err, serial_err, budget = twin_verdict(_t(1e-3, 2e-3, 1e-3), serial,
-                                                           twin, fp32)
+    _, bad, twin_err, serial_err, budget = twin_verdict(_t(1e-3, 2e-3, 1e-3), serial,
+                                                        twin, fp32)
     assert bad.tolist() == [False, True, False]  # CP finite where serial is not: differs
     assert serial_err == 0.0 and twin_err == INF
     assert budget == 4 * 2.0**-23 * 1e-3          # scale from the usable elements only
