@@ -56,11 +56,28 @@ class Status(StrEnum):
     #: its time limit, its node failed) again and again: the cell has no verdict of its
     #: own. Not a failure of the cell, never ok, and no gate policy can allow it.
     INFRA = "infra"
+    #: Mutant runs (``--mutants``) only: the planted bug made the cell fail (ok).
+    KILLED = "killed"
+    #: The cell passed with the bug planted: the test is vacuous for it (not ok).
+    SURVIVED = "survived"
+    #: The unmutated cell did not pass in the same run, so a failure with the bug planted
+    #: proves nothing: left out of the kill rate (not ok).
+    NOT_JUDGED = "not_judged"
 
     @property
     def ok(self) -> bool:
-        """Passed (fresh or cached). FLAKY passed on retry but is not ok for a gate."""
-        return self in (Status.PASSED, Status.CACHED)
+        """Passed (fresh or cached), or a mutant killed. FLAKY passed on retry but is not
+        ok for a gate."""
+        return self in (Status.PASSED, Status.CACHED, Status.KILLED)
+
+    @property
+    def label(self) -> str:
+        """How the CLI writes it: ``PASSED``, ``KILLED``, ``NOT JUDGED``.
+
+        >>> Status.NOT_JUDGED.label
+        'NOT JUDGED'
+        """
+        return self.value.replace("_", " ").upper()
 
 
 class FailureKind(StrEnum):

@@ -158,6 +158,17 @@ def test_the_kill_rate_is_a_lower_bound(rate: float, ok: bool) -> None:
     assert check_mutants(Policy(name="p"), []) == []  # no mutant runs: nothing to judge
 
 
+def test_mutants_not_judged_are_left_out_of_the_kill_rate() -> None:
+    # issue 22: a mutant of a cell that did not pass proves nothing, either way
+    unjudged = _run("n", "not_judged", status=Status.NOT_JUDGED)
+    runs = [_run("a", "killed", status=Status.KILLED), unjudged]
+    assert check_mutants(Policy(name="p"), runs) == []
+    assert check_mutants(Policy(name="p"), [unjudged]) == []  # nothing judged: no rate
+    rows = check_mutants(Policy(name="p"), [*runs, _run("s", "survived", Status.SURVIVED)])
+    assert rows[0] == Reason("mutants", "(2 mutant runs)", "kill rate 1/2 = 50.0% < 100%")
+    assert [r.cell for r in rows[1:]] == [f"{CELL}!mutant=s"]
+
+
 # --------------------------------------------------------------------------------------
 # drift
 

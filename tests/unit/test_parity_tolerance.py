@@ -14,8 +14,10 @@ from cpmatrix.parity import (
     Tolerance,
     ToleranceError,
     resolve_tolerance,
+    table_markdown,
     tolerance_for,
 )
+from cpmatrix.parity.tolerance import TWIN_FACTOR, TWIN_FLOOR_ULPS, TwinRule
 
 
 @pytest.mark.parametrize(("name", "dtype"), [("fp64", torch.float64), ("fp32", torch.float32)])
@@ -100,7 +102,12 @@ def test_nonsense_numbers_are_refused(bad: float) -> None:
 def test_every_row_says_where_it_came_from() -> None:
     for (dtype, autocast, path), tol in TOLERANCE_TABLE.items():
         assert tol.source == f"table {dtype}/{'on' if autocast else 'off'}/{path}"
-        assert tol.describe() == f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g} ({tol.source})"
+        fixed = f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g} ({tol.source})"
+        if dtype == "fp64":  # fp64 rows are fixed; every other row is the fp64 twin rule
+            assert tol.twin is None and tol.describe() == fixed
+        else:
+            assert tol.twin is not None
+            assert tol.describe() == f"{tol.twin.describe()}; where no twin: {fixed}"
 
 
 def test_loosening_keeps_the_rows_why_and_only_the_numbers_given() -> None:
@@ -118,9 +125,12 @@ def test_loosening_keeps_the_rows_why_and_only_the_numbers_given() -> None:
 
 def test_a_refused_loosening_names_what_was_loosened() -> None:
     with pytest.raises(ToleranceError) as info:
-        tolerance_for("bf16").loosen(atol=1.0, reason="flaky")
+        tolerance_for("fp64").loosen(atol=1.0, reason="flaky")
     assert str(info.value).startswith(
-        "loosening rtol=0.016, atol=0.016 (table bf16/off/reference) needs a written reason")
+        "loosening rtol=1e-07, atol=1e-07 (table fp64/off/reference) needs a written reason")
+    with pytest.raises(ToleranceError) as info:
+        tolerance_for("bf16").loosen(factor=8, reason="flaky")
+    assert str(info.value).startswith("loosening fp64 twin: |cp - twin| <= 4 x")
     assert "got 'flaky'" in str(info.value)
 
 
@@ -177,3 +187,113 @@ def test_autocast_must_be_a_bool_or_on_off() -> None:
     with pytest.raises(ValueError) as info:
         tolerance_for("fp32", autocast="yes")
     assert str(info.value) == "autocast must be a bool or 'on'/'off', got 'yes'"
+
+
+# --------------------------------------------------------------------------------------
+# the fp64 twin rule (issue 22): fp32/bf16/fp16 rows carry it, fp64 rows are fixed
+
+
+@pytest.mark.parametrize(("dtype", "autocast", "path", "precision", "eps"), [
+    ("fp32", False, "reference", "fp32", 2.0**-23),
+    ("fp32", True, "reference", "bf16", 2.0**-7),   # autocast computes in bf16 on CPU
+    ("fp32", False, "kernel", "tf32", 2.0**-10),    # Triton's fp32 tl.dot
+    ("bf16", False, "reference", "bf16", 2.0**-7),
+    ("bf16", True, "kernel", "bf16", 2.0**-7),
+    ("fp16", False, "reference", "fp16", 2.0**-10),
+])
+def test_low_precision_rows_carry_the_twin_rule_in_their_compute_precision(
+    dtype: str, autocast: bool, path: str, precision: str, eps: float,
+) -> None:
+    twin = tolerance_for(dtype, autocast, path).twin
+    assert twin is not None
+    assert (twin.factor, twin.floor_ulps, twin.precision, twin.eps) == (
+        TWIN_FACTOR, TWIN_FLOOR_ULPS, precision, eps)
+    assert tolerance_for("fp64", autocast, path).twin is None
+
+
+def test_the_budget_is_factor_times_the_serial_error_plus_a_floor_at_the_scale() -> None:
+    rule = TwinRule(factor=4.0, floor_ulps=4.0, precision="bf16")
+    assert rule.floor(2.0) == 4 * 2.0**-7 * 2.0
+    assert rule.budget(serial_err=0.5, scale=0.0) == 2.0
+    assert rule.budget(serial_err=0.0, scale=1.0) == 4 * 2.0**-7
+    assert rule.budget(serial_err=1e-3, scale=3.0) == 4e-3 + 4 * 2.0**-7 * 3.0
+    assert rule.describe() == ("fp64 twin: |cp - twin| <= 4 x max|serial - twin| + 4 ulp "
+                               "(bf16, eps 2^-7) x max|twin|")
+
+
+def test_loosening_the_twin_factor_needs_a_reason_and_keeps_the_rule() -> None:
+    base = tolerance_for("bf16")
+    reason = "the CP side sums in a different order over 64 ranks"
+    looser = base.loosen(factor=8, reason=reason)
+    assert looser.twin is not None and looser.twin.factor == 8.0
+    assert looser.twin.precision == "bf16" and looser.twin.floor_ulps == TWIN_FLOOR_ULPS
+    assert (looser.rtol, looser.atol) == (base.rtol, base.atol)
+    assert resolve_tolerance(looser, dtype="bf16") is looser
+    assert looser.is_looser_than(base) and not base.is_looser_than(looser)
+    with pytest.raises(ToleranceError, match="needs a written reason"):
+        base.loosen(factor=8, reason="flaky")
+
+
+def test_a_bigger_twin_factor_or_floor_built_directly_is_refused_at_use() -> None:
+    base = tolerance_for("fp32")
+    assert base.twin is not None
+    for twin in (TwinRule(factor=5.0, floor_ulps=4.0, precision="fp32"),
+                 TwinRule(factor=4.0, floor_ulps=5.0, precision="fp32"),
+                 TwinRule(factor=4.0, floor_ulps=4.0, precision="bf16")):
+        smuggled = Tolerance(rtol=base.rtol, atol=base.atol, twin=twin)
+        with pytest.raises(ToleranceError, match="looser than the table fp32/off/reference"):
+            resolve_tolerance(smuggled, dtype="fp32")
+    tighter = Tolerance(rtol=base.rtol, atol=base.atol,
+                        twin=TwinRule(factor=2.0, floor_ulps=1.0, precision="fp32"))
+    assert resolve_tolerance(tighter, dtype="fp32") is tighter
+
+
+def test_loosening_rtol_or_atol_makes_a_fixed_tolerance() -> None:
+    reason = "a hand-written kernel with its own documented error bound"
+    fixed = tolerance_for("bf16").loosen(atol=0.05, reason=reason)
+    assert fixed.twin is None and fixed.atol == 0.05
+    assert fixed.describe().startswith("rtol=0.016, atol=0.05 (loosened from table bf16")
+    with pytest.raises(ToleranceError, match="needs an fp64 twin rule"):
+        tolerance_for("fp64").loosen(factor=8, reason=reason)
+
+
+@pytest.mark.parametrize("twin", [
+    TwinRule(factor=-1.0, floor_ulps=4.0, precision="fp32"),
+    TwinRule(factor=float("nan"), floor_ulps=4.0, precision="fp32"),
+    TwinRule(factor=4.0, floor_ulps=float("inf"), precision="fp32"),
+    TwinRule(factor=4.0, floor_ulps=4.0, precision="fp8"),
+])
+def test_a_twin_rule_with_invalid_numbers_is_refused(twin: TwinRule) -> None:
+    with pytest.raises(ToleranceError, match="twin"):
+        resolve_tolerance(Tolerance(rtol=0.0, atol=0.0, twin=twin), dtype="fp32")
+
+
+def test_the_markdown_table_names_the_default_rule_of_each_row() -> None:
+    rows = table_markdown().splitlines()
+    assert rows[0].startswith("| dtype | autocast | path | default rule | fixed rtol |")
+    assert "| fp64 | off | reference | fixed | 1e-07 | 1e-07 |" in table_markdown()
+    assert "| bf16 | off | reference | fp64 twin (bf16 ulp) | 0.016 | 0.016 |" in table_markdown()
+    assert "| fp32 | off | kernel | fp64 twin (tf32 ulp) |" in table_markdown()
+
+
+@pytest.mark.parametrize(("tol", "name"), [
+    (Tolerance(rtol=-1.0, atol=0.0), "rtol"),
+    (Tolerance(rtol=0.0, atol=float("nan")), "atol"),
+    (Tolerance(rtol=0.0, atol=0.0, twin=TwinRule(factor=-1, floor_ulps=1, precision="bf16")),
+     "twin factor"),
+    (Tolerance(rtol=0.0, atol=0.0, twin=TwinRule(factor=1, floor_ulps=-1, precision="bf16")),
+     "twin floor_ulps"),
+])
+def test_an_invalid_number_is_named(tol: Tolerance, name: str) -> None:
+    with pytest.raises(ToleranceError) as info:
+        resolve_tolerance(tol, dtype="bf16")
+    assert str(info.value).startswith(f"tolerance {name} must be a finite number >= 0, got ")
+
+
+def test_the_same_twin_rule_is_not_looser() -> None:
+    base = tolerance_for("bf16")
+    same = Tolerance(rtol=base.rtol, atol=base.atol, twin=base.twin)
+    assert not same.is_looser_than(base) and not base.is_looser_than(same)
+    assert resolve_tolerance(same, dtype="bf16") is same
+    both = base.loosen(factor=8, atol=0.05, reason="a fixed budget is what the kernel has")
+    assert both.twin is None and both.atol == 0.05  # rtol/atol given: fixed

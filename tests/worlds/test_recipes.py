@@ -37,7 +37,14 @@ KILLED_BY = {
     "fsdp_tp_mlp": {"fsdp_skips_param": "param_grad"},
     "ulysses_attention": {"a2a_wrong_split_dim": "output"},
     "ddp_mlp": {"grad_allreduce_skips_axis": "param_grad"},
+    "replicate_mlp": {"mean_instead_of_sum": "param_grad"},
+    "llama_tp_loss_parallel": {"rope_conjugated": "output"},
+    "llama_fsdp_tp": {"fsdp_mean_grads": "param_grad"},
+    # cuda only (torch's context_parallel has no CPU path): planned, not run, here
+    "torch_context_parallel": {"position_buffer_not_sharded": "output"},
 }
+#: Targets that run on the cpu platform (the slow test runs them).
+CPU_CELLS, CPU_MUTANTS = 25, 29
 
 
 def _targets() -> list[dict[str, Any]]:
@@ -125,14 +132,15 @@ def test_every_recipe_passes_and_every_planted_bug_is_killed_by_its_check(
 ) -> None:
     results = _run(MATRIX, tmp_path / "out", ROOT)
     plain = [r for r in results if not r["mutant"]]
-    assert len(plain) == 15 and all(r["status"] == "passed" for r in plain)
+    assert len(plain) == CPU_CELLS and all(r["status"] == "passed" for r in plain)
     for r in plain:  # every cell shows what was sharded, over which axes
         assert r["evidence"]["parity.check.sharding_active"].startswith("ok:"), r["cell_id"]
         assert r["evidence"]["parity.sharded"], r["cell_id"]
     mutant_runs = [r for r in results if r["mutant"]]
-    assert len(mutant_runs) == 19
+    assert len(mutant_runs) == CPU_MUTANTS
     for r in mutant_runs:
         target = r["cell_id"].split("[")[0]
+        assert r["status"] == "killed", r["cell_id"]
         assert r["evidence"]["mutant_outcome"] == "killed", r["cell_id"]
         assert r["evidence"]["killed_by"] == KILLED_BY[target][r["mutant"]], (
             r["cell_id"], r["mutant"], r["failures"])
@@ -145,7 +153,7 @@ def test_the_own_module_snippet_runs_as_a_user_would(tmp_path: Path) -> None:
     (tmp_path / "my_matrix.yaml").write_text(matrix)
     results = _run(tmp_path / "my_matrix.yaml", tmp_path / "out", tmp_path)
     assert sorted((r["cell_id"].split(",")[1], r["mutant"], r["status"]) for r in results) == [
-        ("1x2", "", "passed"), ("1x2", "no_allreduce", "passed"),
-        ("2x2", "", "passed"), ("2x2", "no_allreduce", "passed")]
+        ("1x2", "", "passed"), ("1x2", "no_allreduce", "killed"),
+        ("2x2", "", "passed"), ("2x2", "no_allreduce", "killed")]
     assert {r["evidence"].get("killed_by") for r in results if r["mutant"]} == {
         "replicated_identical"}

@@ -61,10 +61,10 @@ class Progress:
         if self._rich is not None:
             self._rich.update(self._task, completed=self.done, failed=self.failed)
             if not result.status.ok:
-                self._rich.console.print(f"[red]{result.status.value.upper()}[/] {entry.key}")
+                self._rich.console.print(f"[red]{result.status.label}[/] {entry.key}")
             return
         width = len(str(self.total))
-        label = result.status.value.upper()
+        label = result.status.label
         print(f"[{self.done:>{width}}/{self.total}] {label:<7} {entry.key} "
               f"({result.duration_s:.2f}s)", file=self.stream, flush=True)
 
@@ -76,7 +76,7 @@ class Progress:
 def _failure_block(key: str, r: Result) -> list[str]:
     ranks = ",".join(map(str, r.failing_ranks)) or "-"
     kind = r.kind.value if r.kind else "-"
-    lines = [f"{r.status.value.upper()} {key}", f"  kind: {kind}   rank(s): {ranks}"
+    lines = [f"{r.status.label} {key}", f"  kind: {kind}   rank(s): {ranks}"
              + (f"   attempts: {r.attempts}" if r.attempts > 1 else "")]
     if r.message:
         lines.append(f"  {r.message}")
@@ -107,8 +107,8 @@ def format_summary(report: RunReport, out_dir: str) -> str:
     # one-GPU host skips most of a cuda matrix).
     bad = [(k, r) for k, r in report.results.items()
            if not r.status.ok and r.status is not Status.SKIPPED]
-    order = {Status.CRASH: 0, Status.TIMEOUT: 1, Status.FAILED: 2, Status.FLAKY: 3,
-             Status.INFRA: 4, Status.INTERRUPTED: 5}
+    order = {Status.CRASH: 0, Status.TIMEOUT: 1, Status.FAILED: 2, Status.SURVIVED: 3,
+             Status.FLAKY: 4, Status.INFRA: 5, Status.NOT_JUDGED: 6, Status.INTERRUPTED: 7}
     bad.sort(key=lambda kr: order.get(kr[1].status, 9))
     if bad:
         lines.append("")
@@ -125,7 +125,7 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         lines.append(f"==== {sum(reasons.values())} skipped ====")
         lines += [f"  {n} cells {why}" for why, n in sorted(reasons.items())]
     counts = report.counts()
-    parts = [f"{counts.get(s.value, 0)} {s.value}" for s in Status if counts.get(s.value)]
+    parts = [f"{counts.get(s.value, 0)} {s.label.lower()}" for s in Status if counts.get(s.value)]
     lines.append("")
     lines.append(
         f"==== {len(report.results)} cells: {', '.join(parts) or 'none'} in "

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                      ["--mutant", args.mutant] if args.mutant else [])
         print(f"repro: {shlex.join(paste)}")
         streamer = LogStreamer(out / "worlds", sys.stdout)
-        mutants = {cell.id: [args.mutant]} if args.mutant else None
+        # the unmutated cell first: a mutant is judged only against a green cell
+        mutants = {cell.id: ["", args.mutant]} if args.mutant else None
         streamer.start()
         try:
             with stop_on_signals() as stopper:
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(report, str(out)))
     if report.stopped_by is not None:
         return exit_code_for(report.stopped_by)
-    result = next(iter(report.results.values()))
+    result = list(report.results.values())[-1]  # the mutant run, with --mutant
     for key, value in sorted(result.evidence.items()):
         print(f"evidence {key} = {value!r}")
     return ExitCode.OK if result.status.ok else ExitCode.FAILURES

@@ -154,7 +154,12 @@ def check_spill(cells: Iterable[ReportCell]) -> list[Reason]:
 
 
 def check_mutants(policy: Policy, runs: Sequence[ReportCell]) -> list[Reason]:
-    """The share of killed mutant runs is at least ``min_kill_rate``; names the survivors."""
+    """The share of killed mutant runs is at least ``min_kill_rate``; names the survivors.
+
+    A run NOT JUDGED (its unmutated cell did not pass) is left out of the rate: the
+    failing cell itself fails the ``status`` check.
+    """
+    runs = [r for r in runs if r.status is not Status.NOT_JUDGED]
     killed = [r for r in runs if r.evidence.get("mutant_outcome") == "killed"]
     if not runs or len(killed) / len(runs) >= policy.min_kill_rate:
         return []

@@ -5,7 +5,7 @@ tests (RNG entropy, dtype paths) that cannot pass vacuously, with evidence and m
 
 - :func:`check_parity` - the one call: weights, inputs, random grad_output, every
   comparison and anti-vacuous check, evidence; unit, layer, module and workflow level.
-- :mod:`.tolerance` - the one tolerance table; loosening needs a written reason.
+- :mod:`.tolerance` - the fp64 twin rule and the fixed table; loosening needs a reason.
 - :mod:`.checks` - sharding active, replicated identical, grads non-zero, zero-init.
 - :mod:`.compare` - every mismatching tensor with its max abs/rel difference.
 - :mod:`.data` - the one synthetic Dataset/DataLoader/DataModule (contract in
@@ -77,6 +77,7 @@ from cpmatrix.parity.run import ParityReport, check_parity
 from cpmatrix.parity.tolerance import (
     TOLERANCE_TABLE,
     Tolerance,
+    TwinRule,
     resolve_tolerance,
     table_markdown,
     tolerance_for,
@@ -105,6 +106,7 @@ __all__ = [
     "TensorSpec",
     "Tolerance",
     "ToleranceError",
+    "TwinRule",
     "VacuousError",
     "assert_autocast_off",
     "assert_autocast_on",

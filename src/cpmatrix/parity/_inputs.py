@@ -5,13 +5,14 @@ Private: cases use :mod:`cpmatrix.parity`'s public names only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from cpmatrix.parity.compare import to_full
+from cpmatrix.parity.compare import flatten, to_full
 from cpmatrix.parity.data import FeatureBatch, distribute
 from cpmatrix.parity.dtypes import storage_dtype
 from cpmatrix.parity.errors import ParityError
@@ -23,9 +24,11 @@ __all__ = [
     "Leaf",
     "Placements",
     "TensorSpec",
+    "default_placement_note",
     "draw",
     "materialize",
     "output_axes_map",
+    "rebuild",
     "serial_layout",
     "tensors_of",
 ]
@@ -86,8 +89,11 @@ class Leaf:
 class Inputs:
     serial: dict[str, Any] = field(default_factory=dict)
     cp: dict[str, Any] = field(default_factory=dict)
+    #: Differentiable inputs by dotted name (``x``, ``batch.tokens``, ``pair.0``).
     leaves: dict[str, Leaf] = field(default_factory=dict)
     batch: FeatureBatch | None = None
+    #: Tensor inputs given the default placement (a replicated DTensor), by dotted name.
+    defaulted: list[str] = field(default_factory=list)
 
 
 def draw(
@@ -118,71 +124,169 @@ def _sub_mesh(cell: Any, name: str, places: Mapping[str, Any]) -> tuple[Any, lis
     return cell.mesh[dims[0] if len(dims) == 1 else dims], list(places.values())
 
 
+def rebuild(value: Any, path: str, leaf: Callable[[str, Any], Any]) -> Any:
+    """``value`` with every tensor or :class:`TensorSpec` inside replaced by
+    ``leaf(dotted path, it)``: through dicts (any ``Mapping``), lists, tuples (named ones
+    too) and dataclass instances, each rebuilt as its own type; anything else is kept.
+
+    >>> rebuild({"a": [1, torch.zeros(1)]}, "x", lambda p, t: p)
+    {'a': [1, 'x.a.1']}
+    """
+    if isinstance(value, torch.Tensor | TensorSpec):
+        return leaf(path, value)
+    if isinstance(value, Mapping):
+        items = {k: rebuild(v, f"{path}.{k}", leaf) for k, v in value.items()}
+        try:
+            return type(value)(items)  # type: ignore[call-arg]
+        except TypeError:  # a Mapping that cannot be built from a dict
+            return items
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(rebuild(v, f"{path}.{i}", leaf) for i, v in enumerate(value)))
+    if isinstance(value, tuple | list):
+        return type(value)(rebuild(v, f"{path}.{i}", leaf) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        new = {f.name: rebuild(getattr(value, f.name), f"{path}.{f.name}", leaf)
+               for f in fields}
+        out = dataclasses.replace(value, **{f.name: new[f.name] for f in fields if f.init})
+        for f in fields:
+            if not f.init:  # set by __post_init__ or a default: put the new value back
+                object.__setattr__(out, f.name, new[f.name])
+        return out
+    return value
+
+
+def _paths(value: Any, path: str) -> list[str]:
+    """Every dotted path inside ``value`` (containers and leaves) that placements may name."""
+    found = [path]
+    rebuild(value, path, lambda p, v: found.append(p))
+    if not isinstance(value, torch.Tensor | TensorSpec):
+        found.extend(n for n, _ in flatten(value, path))
+    return found
+
+
+def _placement_for(path: str, placements: Mapping[str, Placements]) -> tuple[bool, Placements]:
+    """The most specific entry of ``placements`` for ``path`` (``a.b.0``, then ``a.b``,
+    then ``a``): ``(True, it)``, or ``(False, None)`` where none names it."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        key = ".".join(parts[:end])
+        if key in placements:
+            return True, placements[key]
+    return False, None
+
+
 def materialize(
     cell: Any, inputs: Mapping[str, Any], placements: Mapping[str, Placements]
 ) -> Inputs:
-    """Serial and CP keyword arguments, drawn in ``inputs`` order from ``cell.generator``."""
-    from torch.distributed.tensor import Replicate
+    """Serial and CP keyword arguments, drawn in ``inputs`` order from ``cell.generator``.
 
-    unknown = sorted(set(placements) - set(inputs))
+    Tensors and :class:`TensorSpec` anywhere inside an input (lists, tuples, dicts,
+    dataclasses) are inputs like any other, named by their dotted path (``batch.tokens``):
+    each side gets its own copy, and the differentiable ones are compared by their grads.
+    ``placements`` may name a leaf by its path, or a container for every leaf inside.
+    """
+    known: set[str] = set()
+    for name, value in inputs.items():
+        known.update(_paths(value, name) if not isinstance(value, FeatureBatch) else [name])
+    unknown = sorted(set(placements) - known)
     if unknown:
-        raise ParityError("setup", f"placements for unknown inputs {unknown}")
+        raise ParityError("setup", f"placements for unknown inputs {unknown} "
+                                   f"(inputs and their parts: {sorted(known)})")
     out = Inputs(batch=find_batch(inputs))
     for name, value in inputs.items():
         if isinstance(value, FeatureBatch):
             out.serial[name], out.cp[name] = value.serial, value.cp
             continue
-        if isinstance(value, torch.Tensor) and not is_dtensor(value):
-            value = TensorSpec.of(value)
-        if not isinstance(value, TensorSpec):
-            out.serial[name] = out.cp[name] = value  # ints, flags, None: passed as is
-            continue
-        axes = tuple(a if isinstance(a, str) else None for a in value.shape)
-        laid_out = any(isinstance(a, str) for a in value.shape)
-        if laid_out and out.batch is None:
-            raise ParityError(
-                "setup",
-                f"input {name!r} has symbolic axes {value.shape} but "
-                f"no FeatureBatch is among the inputs",
-            )
-        shape = [
-            out.batch.axis_size(a) if isinstance(a, str) and out.batch else int(a)
-            for a in value.shape
-        ]
-        dtype = value.dtype or storage_dtype(cell)
-        if value.value is not None:
-            serial = value.value.detach().to(device=cell.device).clone()
-        else:
-            serial = draw(cell.generator, shape, dtype, cell.device) * value.scale
-        grad = value.requires_grad and (serial.is_floating_point() or serial.is_complex())
-        places = placements.get(name, [Replicate()] * cell.mesh.ndim)
-        if places is None:
-            cp: Any = serial.detach().clone()
-        elif isinstance(places, Mapping):
-            if laid_out:
-                raise ParityError("setup", f"input {name!r}: symbolic axes are laid out over "
-                                           f"the cell's whole mesh, not over {list(places)}")
-            cp = distribute(serial, *_sub_mesh(cell, name, places))
-        elif laid_out and out.batch is not None:
-            cp = out.batch.distribute(serial, places, axes)
-        else:
-            cp = distribute(serial, cell.mesh, places)
-        if grad:
-            serial.requires_grad_(True)
-            cp.requires_grad_(True)
-            out.leaves[name] = Leaf(serial, cp, axes if laid_out else None)
-        out.serial[name], out.cp[name] = serial, cp
+        made: dict[str, tuple[Any, Any]] = {}
+        out.serial[name] = rebuild(value, name, _maker(cell, placements, out, made, 0))
+        out.cp[name] = rebuild(value, name, _maker(cell, placements, out, made, 1))
     return out
 
 
+def _maker(cell: Any, placements: Mapping[str, Placements], out: Inputs,
+           made: dict[str, tuple[Any, Any]], side: int) -> Callable[[str, Any], Any]:
+    """The leaf function of :func:`rebuild` for one side: each leaf made once (the first
+    side's walk draws, in order), then picked for ``side`` (0 serial, 1 CP)."""
+    def leaf(path: str, item: Any) -> Any:
+        if path not in made:
+            made[path] = _leaf(cell, path, item, placements, out)
+        return made[path][side]
+    return leaf
+
+
+def _leaf(
+    cell: Any, name: str, value: Any, placements: Mapping[str, Placements], out: Inputs
+) -> tuple[Any, Any]:
+    """One tensor input: its serial value and its CP value (placed), in ``out.leaves``
+    when it takes a grad."""
+    from torch.distributed.tensor import Replicate
+
+    if isinstance(value, torch.Tensor) and is_dtensor(value):
+        return value, value  # a DTensor given as is: both sides get it
+    if isinstance(value, torch.Tensor):
+        value = TensorSpec.of(value)
+    axes = tuple(a if isinstance(a, str) else None for a in value.shape)
+    laid_out = any(isinstance(a, str) for a in value.shape)
+    if laid_out and out.batch is None:
+        raise ParityError(
+            "setup",
+            f"input {name!r} has symbolic axes {value.shape} but "
+            f"no FeatureBatch is among the inputs",
+        )
+    shape = [
+        out.batch.axis_size(a) if isinstance(a, str) and out.batch else int(a)
+        for a in value.shape
+    ]
+    dtype = value.dtype or storage_dtype(cell)
+    if value.value is not None:
+        serial = value.value.detach().to(device=cell.device).clone()
+    else:
+        serial = draw(cell.generator, shape, dtype, cell.device) * value.scale
+    grad = value.requires_grad and (serial.is_floating_point() or serial.is_complex())
+    named, places = _placement_for(name, placements)
+    if not named:
+        places = [Replicate()] * cell.mesh.ndim
+        out.defaulted.append(name)
+    if places is None:
+        cp: Any = serial.detach().clone()
+    elif isinstance(places, Mapping):
+        if laid_out:
+            raise ParityError("setup", f"input {name!r}: symbolic axes are laid out over "
+                                       f"the cell's whole mesh, not over {list(places)}")
+        cp = distribute(serial, *_sub_mesh(cell, name, places))
+    elif laid_out and out.batch is not None:
+        cp = out.batch.distribute(serial, places, axes)
+    else:
+        cp = distribute(serial, cell.mesh, places)
+    if grad:
+        serial.requires_grad_(True)
+        cp.requires_grad_(True)
+        out.leaves[name] = Leaf(serial, cp, axes if laid_out else None)
+    return serial, cp
+
+
+def default_placement_note(defaulted: Sequence[str]) -> str:
+    """What an error of the CP side needs to know about inputs nobody placed.
+
+    >>> default_placement_note(["tokens"])[:62]
+    "cpmatrix: the CP side got input ['tokens'] as a replicated DTen"
+    """
+    first = defaulted[0]
+    return (f"cpmatrix: the CP side got input {list(defaulted)} as a replicated DTensor over "
+            f"the cell's mesh: the default placement of a tensor input. Pass "
+            f"placements={{{first!r}: None}} for a plain tensor (e.g. integer token ids a TP "
+            f"plan distributes itself), or the placements your model expects.")
+
+
 def tensors_of(values: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """The tensors among ``values`` (nested mappings flattened), names prefixed."""
+    """The tensors among ``values`` (nested mappings, lists, tuples and dataclasses
+    flattened to dotted names), names prefixed."""
     out: dict[str, Any] = {}
     for name, value in values.items():
-        if isinstance(value, Mapping):
-            out.update(tensors_of(value, f"{prefix}{name}."))
-        elif isinstance(value, torch.Tensor):
-            out[f"{prefix}{name}"] = value
+        for path, leaf in flatten(value, f"{prefix}{name}"):
+            if isinstance(leaf, torch.Tensor):
+                out[path] = leaf
     return out
 
 

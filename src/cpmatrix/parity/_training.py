@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from cpmatrix.parity._convert import recording_warnings, warning_outcome
 from cpmatrix.parity._inputs import (
     Axes,
+    Inputs,
     Placements,
     draw,
     materialize,
@@ -21,11 +23,20 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
-from cpmatrix.parity._verdicts import ParityReport, Verdicts, check_param_grads, finish
+from cpmatrix.parity._step import EnterStep, run_cp, twin_line
+from cpmatrix.parity._twin import Twin, make_twin, outputs_of, upcast_inputs
+from cpmatrix.parity._verdicts import (
+    ParityReport,
+    Verdicts,
+    check_buffers,
+    check_param_grads,
+    finish,
+)
 from cpmatrix.parity._weights import (
     PrepareCP,
     check_same_names,
     load_modules,
+    named_buffers,
     named_params,
     perturbed_line,
     sharded_state,
@@ -43,6 +54,7 @@ from cpmatrix.parity.tolerance import Tolerance
 __all__ = ["OptimizerFactory", "run_training"]
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+LossFn = Callable[[Any], torch.Tensor]
 
 
 def run_training(
@@ -60,85 +72,105 @@ def run_training(
     activations: Callable[[], Mapping[str, Any]] | None,
     optimizer: OptimizerFactory,
     steps: int,
-    loss: Callable[[Any], torch.Tensor] | None,
+    loss: LossFn | None,
+    enter: EnterStep,
     verdicts: Verdicts,
 ) -> ParityReport:
+    """``steps`` optimizer steps on each side (and on the fp64 twin, in fp32/bf16/fp16
+    cells). The CP side's forward, loss and backward run inside ``enter()``; its optimizer
+    step outside, as a training loop runs them."""
     if not (isinstance(serial, torch.nn.Module) and isinstance(cp, torch.nn.Module)):
         raise ParityError("setup", "the workflow level (optimizer=...) needs two nn.Modules")
-    cp, perturbed, weights = load_modules(cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp)
-    verdicts.add("setup", weights)
-    verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
-    s_params, c_params = named_params(serial), named_params(cp)
-    check_same_names("parameters", s_params, c_params)
-    s_before = {n: p.detach().clone() for n, p in s_params.items()}
-    c_before = {n: to_full(p.detach()).clone() for n, p in c_params.items()}
-    s_opt, c_opt = optimizer(serial.parameters()), optimizer(cp.parameters())
-    losses: dict[str, tuple[Any, Any]] = {}
-    for step in range(steps):
-        with odd_input_fails("setup"):
-            ins = materialize(cell, inputs, placements)
-        with autocast_ctx(cell):
-            s_out = serial(**ins.serial)
-            c_out = cp(**ins.cp)
-        s_leaves, c_leaves = dict(flatten(s_out)), dict(flatten(c_out))
-        check_same_names("outputs", s_leaves, c_leaves)
-        with odd_input_fails("setup"):
-            axes_of = output_axes_map(output_axes, s_leaves)
-        if step == 0:
-            verdicts.add(
-                "replicated_identical",
-                replicated_problems(tensors_of(ins.serial, "input "), cell.mesh),
-            )
-            declared = dict(activations()) if activations is not None else {}
-            verdicts.check_sharding(
-                {
-                    **tensors_of(ins.cp, "input "),
-                    **tensors_of(c_leaves, ""),
-                    **sharded_state(cp, c_params),
-                    **tensors_of(declared, "activation "),
-                },
-                cell.mesh,
-            )
-            with odd_input_fails("output"):
-                outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s)
-                           for n, s in s_leaves.items()}
-            verdicts.add_diffs("output", compare_named(outputs, tol), tol)
-        if loss is None:
-            # a random projection: the loss's grad w.r.t. each output is random, so a
-            # sign or permutation bug in a backward cannot hide behind a uniform grad
-            s_loss: torch.Tensor = torch.zeros((), dtype=torch.float64, device=cell.device)
-            c_loss: torch.Tensor = torch.zeros((), dtype=torch.float64, device=cell.device)
-            for name, s in s_leaves.items():
-                if isinstance(s, torch.Tensor) and s.requires_grad:
-                    r = draw(cell.generator, s.shape, s.dtype, s.device)
-                    with odd_input_fails("loss"):
-                        c = serial_layout(ins, c_leaves[name], axes_of.get(name))
-                    s_loss = s_loss + (s * r).sum()
-                    c_loss = c_loss + (c * r).sum()
-        else:
-            s_loss, c_loss = loss(s_out), to_full(loss(c_out))
-        if step == 0:
-            verdicts.add("nonzero", _uniform_grad_problems(s_loss, s_leaves))
-        losses[f"loss[{step}]"] = (c_loss.detach(), s_loss.detach())
-        s_opt.zero_grad(set_to_none=True)
-        c_opt.zero_grad(set_to_none=True)
-        torch.autograd.backward([s_loss])
-        torch.autograd.backward([c_loss])
-        if step == 0:
-            check_param_grads(verdicts, s_params, c_params, tol, cell.mesh)
-            verdicts.add(
-                "nonzero",
-                grad_problems(
-                    {f"grad {n}": p.grad for n, p in s_params.items()}, allow_zero=allow_zero
-                ),
-            )
-        s_opt.step()
-        c_opt.step()
+    warns: list[str] = []
+    with recording_warnings(warns):
+        cp, perturbed, weights = load_modules(
+            cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp)
+        verdicts.add("setup", weights)
+        twin = make_twin(serial) if tol.twin is not None else Twin(why="fixed")
+        verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
+        s_params, c_params = named_params(serial), named_params(cp)
+        check_same_names("parameters", s_params, c_params)
+        t_params = named_params(twin.module) if twin.ok else {}
+        s_before = {n: p.detach().clone() for n, p in s_params.items()}
+        c_before = {n: to_full(p.detach()).clone() for n, p in c_params.items()}
+        t_before = {n: p.detach().clone() for n, p in t_params.items()}
+        s_opt, c_opt = optimizer(serial.parameters()), optimizer(cp.parameters())
+        t_opt: Any = None
+        with twin.running():
+            t_opt = optimizer(twin.module.parameters()) if twin.ok else None
+        losses: dict[str, tuple[Any, ...]] = {}
+        for step in range(steps):
+            with odd_input_fails("setup"):
+                ins = materialize(cell, inputs, placements)
+            t_ins, _ = upcast_inputs(ins.serial, []) if twin.ok else ({}, {})
+            with autocast_ctx(cell):
+                s_out = serial(**ins.serial)
+            s_leaves = dict(flatten(s_out))
+            with odd_input_fails("setup"):
+                axes_of = output_axes_map(output_axes, s_leaves)
+            proj = _projections(cell, s_leaves) if loss is None else {}
+            s_loss = _loss(s_out, s_leaves, proj, loss)
+            if step == 0:
+                verdicts.add("nonzero", _uniform_grad_problems(s_loss, s_leaves))
+            s_opt.zero_grad(set_to_none=True)
+            torch.autograd.backward([s_loss])
+            with enter(ins.cp):  # the CP side's forward, loss and backward
+                with autocast_ctx(cell):
+                    c_out = run_cp(cp, ins)
+                c_leaves = dict(flatten(c_out))
+                check_same_names("outputs", s_leaves, c_leaves)
+                with odd_input_fails("loss"):
+                    c_laid = {n: serial_layout(ins, c_leaves[n], axes_of.get(n)) for n in proj}
+                c_loss = to_full(_loss(c_out, c_laid, proj, loss))
+                c_opt.zero_grad(set_to_none=True)
+                torch.autograd.backward([c_loss])
+            t_out: dict[str, Any] = {}
+            t_loss: Any = None
+            with twin.running():
+                if twin.ok:
+                    raw = twin.module(**t_ins)
+                    t_out = outputs_of(raw)
+                    t_loss = _loss(raw, t_out, proj, loss)
+                    assert t_opt is not None
+                    t_opt.zero_grad(set_to_none=True)
+                    torch.autograd.backward([t_loss])
+            if step == 0:
+                _first_step(cell, verdicts, ins, s_leaves, c_leaves, axes_of, tol, twin,
+                            t_out, activations, cp, c_params)
+                check_param_grads(verdicts, s_params, c_params, tol, cell.mesh,
+                                  {n: p.grad for n, p in t_params.items()} if twin.ok else {})
+                verdicts.add(
+                    "nonzero",
+                    grad_problems(
+                        {f"grad {n}": p.grad for n, p in s_params.items()},
+                        allow_zero=allow_zero,
+                    ),
+                )
+            losses[f"loss[{step}]"] = (
+                c_loss.detach(), s_loss.detach(),
+                t_loss.detach() if twin.ok and t_loss is not None else None)
+            s_opt.step()
+            c_opt.step()
+            with twin.running():
+                if twin.ok and t_opt is not None:
+                    t_opt.step()
+            check_buffers(verdicts, named_buffers(serial), named_buffers(cp), tol,
+                          named_buffers(twin.module) if twin.ok else {}, when=f"step {step}")
+    verdicts.add("setup", warning_outcome(warns))
+    if warns:
+        verdicts.evidence["warnings"] = warning_outcome(warns).summary
+    verdicts.evidence["twin"] = twin_line(tol, twin)
+    if not twin.ok:
+        losses = {n: v[:2] for n, v in losses.items()}
     verdicts.add_diffs("loss", compare_named(losses, tol), tol)
     s_delta = {n: p.detach() - s_before[n] for n, p in s_params.items()}
     c_delta = {n: to_full(p.detach()) - c_before[n] for n, p in c_params.items()}
+    t_delta = ({n: p.detach() - t_before[n] for n, p in t_params.items()}
+               if twin.ok else {})
     verdicts.add_diffs(
-        "weight_delta", compare_named({n: (c_delta[n], d) for n, d in s_delta.items()}, tol), tol
+        "weight_delta",
+        compare_named({n: (c_delta[n], d, t_delta.get(n)) for n, d in s_delta.items()}, tol),
+        tol,
     )
     verdicts.add(
         "nonzero",
@@ -150,9 +182,59 @@ def run_training(
         replicated_problems({f"param {n}": p for n, p in c_params.items()}, cell.mesh),
     )
     verdicts.lines.setdefault("loss", []).append(
-        "losses " + ", ".join(f"{float(s):.6g}" for _, s in losses.values())
+        "losses " + ", ".join(f"{float(v[1]):.6g}" for v in losses.values())
     )
     return finish(cell, verdicts, tol, perturbed)
+
+
+def _projections(cell: Any, s_leaves: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A random projection per differentiable output (drawn in output order): the loss's
+    grad w.r.t. each output is random, so a sign or permutation bug in a backward cannot
+    hide behind a uniform grad."""
+    return {name: draw(cell.generator, s.shape, s.dtype, s.device)
+            for name, s in s_leaves.items()
+            if isinstance(s, torch.Tensor) and s.requires_grad}
+
+
+def _loss(out: Any, leaves: Mapping[str, Any], proj: Mapping[str, torch.Tensor],
+          loss: LossFn | None) -> torch.Tensor:
+    """``loss(out)``, or the random projection of the outputs (``leaves``: by name, in the
+    serial layout) summed in float64."""
+    if loss is not None:
+        return loss(out)
+    total: torch.Tensor = torch.zeros((), dtype=torch.float64)
+    for name, r in proj.items():
+        value = leaves[name]
+        total = total.to(value.device) + (value * r.to(value.dtype)).sum()
+    return total
+
+
+def _first_step(
+    cell: Any, verdicts: Verdicts, ins: Inputs, s_leaves: Mapping[str, Any],
+    c_leaves: Mapping[str, Any], axes_of: Mapping[str, Axes], tol: Tolerance, twin: Twin,
+    t_out: Mapping[str, Any], activations: Callable[[], Mapping[str, Any]] | None,
+    cp: Any, c_params: Mapping[str, torch.Tensor],
+) -> None:
+    """Step 0's inputs, sharding and outputs (the later steps' are the same kind)."""
+    verdicts.add(
+        "replicated_identical",
+        replicated_problems(tensors_of(ins.serial, "input "), cell.mesh),
+    )
+    declared = dict(activations()) if activations is not None else {}
+    verdicts.check_sharding(
+        {
+            **tensors_of(ins.cp, "input "),
+            **tensors_of(c_leaves, ""),
+            **sharded_state(cp, c_params),
+            **tensors_of(declared, "activation "),
+        },
+        cell.mesh,
+    )
+    with odd_input_fails("output"):
+        outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s,
+                       t_out.get(n) if twin.ok else None)
+                   for n, s in s_leaves.items()}
+    verdicts.add_diffs("output", compare_named(outputs, tol), tol)
 
 
 def _uniform_grad_problems(loss: torch.Tensor, leaves: Mapping[str, Any]) -> CheckOutcome:

@@ -30,7 +30,23 @@ from cpmatrix.parity.errors import (
 )
 from cpmatrix.parity.tolerance import Tolerance
 
-__all__ = ["ParityReport", "Verdicts", "agree", "check_param_grads", "emit", "finish"]
+__all__ = [
+    "ParityReport",
+    "Verdicts",
+    "agree",
+    "check_buffers",
+    "check_param_grads",
+    "emit",
+    "finish",
+    "mesh_sizes",
+]
+
+
+def mesh_sizes(mesh: Any) -> dict[str, int]:
+    """The mesh's axis sizes by name (``{"cp0": 2, "cp1": 2}``)."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or
+                  (f"dim{i}" for i in range(mesh.ndim)))
+    return {name: int(mesh.size(i)) for i, name in enumerate(names)}
 
 _ERROR_FOR = {
     "replicated_identical": ReplicationError,
@@ -39,6 +55,7 @@ _ERROR_FOR = {
     "output": MismatchError,
     "input_grad": MismatchError,
     "param_grad": MismatchError,
+    "buffer": MismatchError,
     "loss": MismatchError,
     "weight_delta": MismatchError,
 }
@@ -74,6 +91,8 @@ class Verdicts:
     diffs: list[Diff] = field(default_factory=list)
     #: Extra evidence (``<label>.<key>``), e.g. which values were sharded over which axes.
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: The mesh's axis sizes by name: a uniform CP/serial ratio is named against them.
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def add(self, check: str, outcome: CheckOutcome) -> None:
         self.lines.setdefault(check, []).extend(outcome.lines)
@@ -86,7 +105,8 @@ class Verdicts:
         self.diffs.extend(diffs)
         bad = [d for d in diffs if not d.ok]
         if bad:
-            self.problems.setdefault(check, []).append(format_diffs(check, diffs, tol))
+            self.problems.setdefault(check, []).append(
+                format_diffs(check, diffs, tol, self.sizes))
         elif diffs:
             worst = max(diffs, key=lambda d: d.max_abs)
             self.lines.setdefault(check, []).append(
@@ -116,17 +136,46 @@ class Verdicts:
 def check_param_grads(
     verdicts: Verdicts, serial_params: Mapping[str, torch.Tensor],
     cp_params: Mapping[str, torch.Tensor], tol: Tolerance, mesh: Any,
+    twin: Mapping[str, Any] | None = None,
 ) -> None:
     """Every parameter grad by name against the serial one, and replicated ones identical:
     a replicated parameter whose grad misses its all-reduce fails only here."""
+    twin = twin or {}
     grads = {n: p.grad for n, p in cp_params.items() if p.grad is not None}
     verdicts.check_placements({f"grad {n}": g for n, g in grads.items()}, mesh)
     verdicts.add_diffs(
         "param_grad",
-        compare_named({n: (cp_params[n].grad, p.grad) for n, p in serial_params.items()}, tol),
+        compare_named({n: (cp_params[n].grad, p.grad, twin.get(n))
+                       for n, p in serial_params.items()}, tol),
         tol,
     )
     verdicts.add("param_grad", replicated_problems(grads, mesh))
+
+
+def check_buffers(
+    verdicts: Verdicts, serial: Mapping[str, torch.Tensor], cp: Mapping[str, torch.Tensor],
+    tol: Tolerance, twin: Mapping[str, Any] | None = None, when: str = "",
+) -> None:
+    """Every buffer by name against the serial one (a DTensor buffer through its full
+    value): running statistics from local rows only, a RoPE table that lost its phase.
+    Names only one side has are a problem of ``buffer`` too. ``when`` prefixes the names
+    (``step 1: bn.running_mean``)."""
+    twin = twin or {}
+    if not serial and not cp:
+        verdicts.skipped.setdefault("buffer", "the model keeps no buffers")
+        return
+    missing, extra = sorted(set(serial) - set(cp)), sorted(set(cp) - set(serial))
+    if missing or extra:
+        verdicts.problems.setdefault("buffer", []).append(
+            f"buffers differ by name{when and ' ' + when}: only serial {missing}, "
+            f"only CP {extra}")
+    prefix = f"{when}: " if when else ""
+    verdicts.add_diffs(
+        "buffer",
+        compare_named({f"{prefix}{n}": (cp[n], b, twin.get(n))
+                       for n, b in serial.items() if n in cp}, tol),
+        tol,
+    )
 
 
 def agree(problems: dict[str, list[str]], mesh: Any) -> dict[str, list[str]]:
@@ -160,6 +209,18 @@ def emit(
     finite = [d for d in verdicts.diffs if d.numel]
     rec(f"{label}.max_abs", max((d.max_abs for d in finite), default=0.0))
     rec(f"{label}.max_rel", max((d.max_rel for d in finite), default=0.0))
+    rules: dict[str, int] = {}
+    for d in finite:
+        rules[d.rule] = rules.get(d.rule, 0) + 1
+    if tol.twin is not None:
+        twin_judged = [d for d in finite if d.rule != "table"]
+        rec(f"{label}.judged_by", ", ".join(f"{r}: {n} tensors" for r, n in sorted(rules.items()))
+            or "nothing compared")
+        if twin_judged:
+            worst = max(twin_judged, key=lambda d: d.twin_err / d.budget if d.budget else 0.0)
+            rec(f"{label}.twin_worst", f"{worst.name}: |cp - twin| {worst.twin_err:.3g} of "
+                                       f"budget {worst.budget:.3g} (serial's own "
+                                       f"{worst.serial_err:.3g})")
     for key, value in {**verdicts.evidence, **extra}.items():
         rec(f"{label}.{key}", value)
     for check in CHECKS:

@@ -128,7 +128,8 @@ def replicated_problems(named: Mapping[str, Any], mesh: Any) -> CheckOutcome:
         if not out.problems:
             out.lines.append(f"{len(group.tensors)} tensors bitwise identical over {group.label}")
     if not groups:
-        out.skipped = "no replicated value spans more than one rank"
+        out.skipped = ("nothing here is replicated over more than one rank (a 1-rank mesh, "
+                       "or every value sharded): nothing to compare across ranks")
     return out
 
 

@@ -6,6 +6,12 @@ diagnosis (output fine, one parameter's grad wrong: a missing all-reduce). So th
 compares a whole named set and reports every mismatch, with the same criterion as
 ``assert_close``: ``|actual - expected| <= atol + rtol * |expected|``, NaN never equal.
 
+Where a tensor has an fp64 twin value (the serial model run again in fp64) and the
+tolerance carries a :class:`~cpmatrix.parity.tolerance.TwinRule`, the twin rule judges it
+instead: the CP error against the twin within ``factor`` times the serial side's own, plus
+a floor (:func:`twin_verdict`). A CP result that differs from serial by a uniform factor
+(0.5, 2, 1/world) is named so (:func:`uniform_ratio`, :func:`ratio_hint`).
+
 Example::
 
     >>> import torch
@@ -17,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,9 +32,18 @@ from typing import Any
 import torch
 
 from cpmatrix.parity.errors import odd_input_fails
-from cpmatrix.parity.tolerance import Tolerance
+from cpmatrix.parity.tolerance import Tolerance, TwinRule
 
-__all__ = ["Diff", "compare_named", "flatten", "format_diffs", "to_full"]
+__all__ = [
+    "Diff",
+    "compare_named",
+    "flatten",
+    "format_diffs",
+    "ratio_hint",
+    "to_full",
+    "twin_verdict",
+    "uniform_ratio",
+]
 
 
 def to_full(value: Any) -> Any:
@@ -43,7 +59,8 @@ def to_full(value: Any) -> Any:
 
 
 def flatten(value: Any, prefix: str = "out") -> Iterator[tuple[str, Any]]:
-    """Leaves of nested tuples/lists/dicts with dotted names: ``out``, ``out.0``, ``out.key``.
+    """Leaves of nested tuples/lists/dicts/dataclasses with dotted names: ``out``,
+    ``out.0``, ``out.key``, ``out.field``.
 
     Example::
 
@@ -56,13 +73,24 @@ def flatten(value: Any, prefix: str = "out") -> Iterator[tuple[str, Any]]:
     elif isinstance(value, tuple | list):
         for i, item in enumerate(value):
             yield from flatten(item, f"{prefix}.{i}")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from flatten(getattr(value, f.name), f"{prefix}.{f.name}")
     else:
         yield prefix, value
 
 
 @dataclass(frozen=True, slots=True)
 class Diff:
-    """One tensor's comparison. ``max_rel`` is over elements whose expected value is non-zero."""
+    """One tensor's comparison. ``max_abs``/``max_rel``: CP against serial (``max_rel``
+    over elements whose serial value is non-zero).
+
+    ``rule`` says what judged it: ``table`` (the fixed ``atol + rtol * |serial|``), or
+    ``twin`` (:func:`twin_verdict`: ``twin_err`` = max |CP - twin|, ``serial_err`` = max
+    |serial - twin|, ``budget`` = what ``twin_err`` had to stay within), or ``twin-norm``
+    (the same over the 2-norms, where the serial side is rounding noise). ``ratio``: CP /
+    serial where it is the same for every element (:func:`uniform_ratio`), else None.
+    """
 
     name: str
     ok: bool
@@ -71,16 +99,27 @@ class Diff:
     bad: int
     numel: int
     note: str = ""
+    rule: str = "table"
+    twin_err: float = 0.0
+    serial_err: float = 0.0
+    budget: float = 0.0
+    ratio: float | None = None
 
     def line(self) -> str:
         text = (
             f"{self.name}: max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}, "
             f"{self.bad}/{self.numel} outside"
         )
+        if self.rule != "table":
+            what = "||cp - twin||" if self.rule == "twin-norm" else "|cp - twin|"
+            text += (f"; {what} {self.twin_err:.3g} vs budget {self.budget:.3g} "
+                     f"(serial's own {self.serial_err:.3g})")
         return f"{text} ({self.note})" if self.note else text
 
 
-def _diff(name: str, actual: Any, expected: Any, tol: Tolerance) -> Diff:
+def _diff(
+    name: str, actual: Any, expected: Any, tol: Tolerance, twin: Any = None
+) -> Diff:
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         return _leaf_diff(name, actual, expected)
     if actual.shape != expected.shape:
@@ -112,13 +151,130 @@ def _diff(name: str, actual: Any, expected: Any, tol: Tolerance) -> Diff:
         equal = a == e
         finite = torch.isfinite(a) & torch.isfinite(e)
         abs_diff = torch.where(equal, 0.0, (a - e).abs())
-        bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
+        twin_t = _twin_of(twin, e)
+        if tol.twin is not None and twin_t is not None:
+            judged = twin_verdict(a, e, twin_t, tol.twin)
+            rule, bad_mask, twin_err, serial_err, budget = judged
+        else:
+            bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
+            rule, twin_err, serial_err, budget = "table", 0.0, 0.0, 0.0
+        nonzero = e != 0
+        rel = abs_diff[nonzero] / e.abs()[nonzero]
+        bad = int(bad_mask.sum())
+        return Diff(name, bad == 0 and not note, _worst(abs_diff),
+                    _worst(rel) if rel.numel() else 0.0, bad, numel, note, rule,
+                    twin_err, serial_err, budget, uniform_ratio(a, e) if bad else None)
     nonzero = e != 0
     rel = abs_diff[nonzero] / e.abs()[nonzero]
     max_abs = _worst(abs_diff)
     max_rel = _worst(rel) if rel.numel() else 0.0
     bad = int(bad_mask.sum())
     return Diff(name, bad == 0 and not note, max_abs, max_rel, bad, numel, note)
+
+
+def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
+    """The twin value as a CPU tensor when it can judge ``expected`` (float64 or
+    complex128 already): of the same shape, float64 for a real value and complex128 for a
+    complex one (a twin that did not really run in fp64, or computed something else,
+    cannot)."""
+    if not isinstance(twin, torch.Tensor) or twin.shape != expected.shape:
+        return None
+    if twin.dtype != (torch.complex128 if expected.is_complex() else torch.float64):
+        return None
+    return twin.detach().cpu()
+
+
+def twin_verdict(
+    cp: torch.Tensor, serial: torch.Tensor, twin: torch.Tensor, rule: TwinRule
+) -> tuple[str, torch.Tensor, float, float, float]:
+    """Judge ``cp`` by the fp64 twin rule: ``(rule name, bad mask, twin_err, serial_err,
+    budget)``. All three are float64 (or complex128) tensors of one shape.
+
+    Elementwise: ``|cp_i - twin_i| <= factor * max_j |serial_j - twin_j| + floor`` with
+    ``floor = floor_ulps * eps * max_j |twin_j|``. A CP value equal to the serial one
+    always passes (an infinity included); NaN never does. Where the serial side is
+    rounding noise (its worst error at least half the value's scale: a grad that cancels
+    to nothing), no element carries a value to compare, and the 2-norms of the errors
+    are compared instead (``twin-norm``): ``||cp - twin|| <= factor * ||serial - twin|| +
+    floor * sqrt(n)``.
+
+    >>> from cpmatrix.parity.tolerance import tolerance_for
+    >>> t = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    >>> s, c = t + 1e-3, t + torch.tensor([1e-3, 0.1], dtype=torch.float64)
+    >>> name, bad, twin_err, serial_err, budget = twin_verdict(c, s, t, tolerance_for("bf16").twin)
+    >>> name, bad.tolist(), round(budget, 4)
+    ('twin', [False, True], 0.0665)
+    """
+    equal = cp == serial
+    usable = torch.isfinite(serial) & torch.isfinite(twin)
+    serial_abs = torch.where(usable, (serial - twin).abs(), 0.0)
+    cp_abs = torch.where(torch.isfinite(cp) & usable, (cp - twin).abs(), math.inf)
+    cp_abs = torch.where(equal, 0.0, cp_abs)
+    scale = _worst(torch.where(usable, twin.abs(), 0.0)) if twin.numel() else 0.0
+    serial_err = _worst(serial_abs) if serial_abs.numel() else 0.0
+    floor = rule.floor(scale)
+    if serial_err >= 0.5 * scale and bool(usable.any()):
+        n = int(usable.sum())
+        serial_norm = float(torch.linalg.vector_norm(serial_abs))
+        cp_norm = float(torch.linalg.vector_norm(cp_abs))
+        budget = rule.factor * serial_norm + floor * math.sqrt(n)
+        bad = torch.full(cp.shape, cp_norm > budget)
+        return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget
+    budget = rule.budget(serial_err=serial_err, scale=scale)
+    bad = ~(equal | (cp_abs <= budget))
+    twin_err = _worst(cp_abs) if cp_abs.numel() else 0.0
+    return "twin", bad, twin_err, serial_err, budget
+
+
+def uniform_ratio(cp: torch.Tensor, serial: torch.Tensor) -> float | None:
+    """CP / serial where it is the same for every element that carries the value (those
+    at least a tenth of the largest), within 1%; None otherwise, or with fewer than two.
+
+    >>> x = torch.tensor([1.0, -2.0, 3.0, 1e-9], dtype=torch.float64)
+    >>> uniform_ratio(0.5 * x, x)
+    0.5
+    >>> uniform_ratio(x + 1, x) is None
+    True
+    """
+    if cp.is_complex() or serial.is_complex():
+        return None
+    big = serial.abs() >= 0.1 * _worst(serial.abs()) if serial.numel() else serial.bool()
+    big = big & torch.isfinite(cp) & torch.isfinite(serial) & (serial != 0)
+    if int(big.sum()) < 2:
+        return None
+    ratios = cp[big] / serial[big]
+    mid = float(ratios.median())
+    if mid == 0.0 or not bool(((ratios - mid).abs() <= 0.01 * abs(mid)).all()):
+        return None
+    return round(mid, 6)
+
+
+def ratio_hint(ratio: float | None, sizes: Mapping[str, int]) -> str:
+    """What a uniform CP / serial ratio suggests, given the mesh's axis sizes.
+
+    >>> ratio_hint(0.5, {"cp0": 2, "cp1": 1})
+    'CP = 0.5 x serial everywhere: mean vs sum over `cp0`?'
+    >>> ratio_hint(4.0, {"cp0": 2, "cp1": 2})[28:]
+    'a sum where serial takes the mean (or counted twice) over `cp0 x cp1`?'
+    >>> ratio_hint(-1.0, {"cp0": 2})
+    'CP = -1 x serial everywhere: a sign flipped?'
+    >>> ratio_hint(1.3, {"cp0": 2})
+    'CP = 1.3 x serial everywhere: a missing or extra scale factor?'
+    """
+    if not ratio or ratio == 1.0:  # uniform_ratio never gives 0: nothing to say of it
+        return ""
+    head = f"CP = {ratio:.3g} x serial everywhere: "
+    if math.isclose(ratio, -1.0, rel_tol=1e-3):
+        return head + "a sign flipped?"
+    axes = {name: size for name, size in sizes.items() if size > 1}
+    # each axis, and the whole mesh (with one axis that is the axis itself again)
+    groups = {**axes, " x ".join(axes): math.prod(axes.values())} if axes else {}
+    for k, way in ((1.0 / ratio, "mean vs sum"),
+                   (ratio, "a sum where serial takes the mean (or counted twice)")):
+        names = [n for n, size in groups.items() if math.isclose(k, size, rel_tol=1e-3)]
+        if names:
+            return head + f"{way} over " + " or ".join(f"`{n}`" for n in names) + "?"
+    return head + "a missing or extra scale factor?"
 
 
 def _worst(values: torch.Tensor) -> float:
@@ -153,22 +309,51 @@ def _leaf_diff(name: str, actual: Any, expected: Any) -> Diff:
     return Diff(name, same, 0.0 if same else math.inf, 0.0, int(not same), 1, note)
 
 
-def compare_named(pairs: Mapping[str, tuple[Any, Any]], tol: Tolerance) -> list[Diff]:
-    """One :class:`Diff` per name, ``pairs[name] = (actual_cp, expected_serial)``.
+def compare_named(
+    pairs: Mapping[str, tuple[Any, ...]], tol: Tolerance
+) -> list[Diff]:
+    """One :class:`Diff` per name, ``pairs[name] = (actual_cp, expected_serial)`` or
+    ``(actual_cp, expected_serial, fp64_twin)``.
 
-    DTensors are reassembled with :func:`to_full` first. Nothing raises for values that
-    differ: the caller decides which check the mismatches belong to; ``pairs`` that are not
-    a mapping of ``(cp, serial)`` pairs fail ``setup``.
+    DTensors are reassembled with :func:`to_full` first. A twin value (None: none) makes
+    the tolerance's twin rule judge the tensor, where it has one (:func:`twin_verdict`).
+    Nothing raises for values that differ: the caller decides which check the mismatches
+    belong to; ``pairs`` that are not a mapping of such tuples fail ``setup``.
     """
     with odd_input_fails("setup"):
-        named = [(name, a, e) for name, (a, e) in pairs.items()]
-    full = [(name, to_full(a), to_full(e)) for name, a, e in named]  # collectives: outside
+        named = [(name, *_unpack(value)) for name, value in pairs.items()]
+    full = [(name, to_full(a), to_full(e), t) for name, a, e, t in named]  # collectives
     with odd_input_fails("setup"):
-        return [_diff(name, a, e, tol) for name, a, e in full]
+        return [_diff(name, a, e, tol, t) for name, a, e, t in full]
 
 
-def format_diffs(check: str, diffs: list[Diff], tol: Tolerance) -> str:
-    """A block listing every mismatching tensor of one check (for the error message)."""
+def _unpack(value: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+    cp, serial, *rest = value
+    if len(rest) > 1:
+        raise ValueError(f"a pair (cp, serial) or a triple (cp, serial, twin), got {len(value)}")
+    return cp, serial, (rest[0] if rest else None)
+
+
+def format_diffs(
+    check: str, diffs: list[Diff], tol: Tolerance, sizes: Mapping[str, int] | None = None
+) -> str:
+    """A block listing every mismatching tensor of one check (for the error message).
+
+    A tensor with a uniform CP / serial ratio gets a hint (``sizes``: the mesh's axis
+    sizes, to name the axis a mean/sum mix-up runs over). A shape mismatch is one line.
+    """
     bad = [d for d in diffs if not d.ok]
-    head = f"{check}: {len(bad)} of {len(diffs)} tensors differ from serial ({tol.describe()})"
-    return "\n".join([head, *(f"  {d.line()}" for d in bad)])
+    rules = {d.rule for d in diffs}
+    judged = tol.describe() if rules != {"table"} or tol.twin is None else (
+        f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g} ({tol.source}; no fp64 twin value)")
+    head = f"{check}: {len(bad)} of {len(diffs)} tensors differ from serial ({judged})"
+    lines = [head]
+    for d in bad:
+        if d.note.startswith("shape "):
+            lines.append(f"  {d.name}: {d.note}")
+            continue
+        lines.append(f"  {d.line()}")
+        hint = ratio_hint(d.ratio, sizes or {})
+        if hint:
+            lines.append(f"    {hint}")
+    return "\n".join(lines)

@@ -29,8 +29,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -48,7 +49,31 @@ __all__ = [
     "autocast_ctx",
     "expected_compute_dtype",
     "storage_dtype",
+    "twin_running",
 ]
+
+#: Set while ``check_parity`` runs its fp64 twin: probes do not record the toolkit's own
+#: extra run of the serial side (it is float64 and never under autocast by design).
+_TWIN: contextvars.ContextVar[bool] = contextvars.ContextVar("cpmatrix_twin", default=False)
+
+
+@contextlib.contextmanager
+def twin_running() -> Iterator[None]:
+    """Inside, :class:`DtypeProbe` records nothing: the fp64 twin is not the code under test.
+
+    >>> ident = torch.nn.Identity()
+    >>> with DtypeProbe() as probe:
+    ...     _ = probe.watch(ident, "id")
+    ...     with twin_running():
+    ...         _ = ident(torch.ones(1))
+    >>> probe.events
+    []
+    """
+    token = _TWIN.set(True)
+    try:
+        yield
+    finally:
+        _TWIN.reset(token)
 
 #: Aten ops whose input dtypes are "the compute dtype" (matmul-like: what autocast casts).
 COMPUTE_OPS: Final = (
@@ -130,8 +155,9 @@ class DtypeProbe:
             autocast=on,
             autocast_dtype=torch.get_autocast_dtype(self.device_type) if on else None,
         )
-        self.events.append(event)
-        self._open.append(event)
+        if not _TWIN.get():
+            self.events.append(event)
+            self._open.append(event)
         return event
 
     def _end(self, event: DtypeEvent) -> None:

@@ -41,6 +41,7 @@ CHECKS: tuple[str, ...] = (
     "output",  # CP output vs serial output
     "input_grad",  # every input's grad vs serial
     "param_grad",  # every parameter's grad, by name, vs serial
+    "buffer",  # every buffer (running stats, RoPE tables), by name, vs serial
     "loss",  # workflow: per-step loss vs serial
     "weight_delta",  # workflow: parameter change after N optimizer steps vs serial
     "rng_entropy",  # property: sharded draws disjoint, replicated draws identical

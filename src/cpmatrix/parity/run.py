@@ -3,16 +3,21 @@
 It does everything the anti-vacuous rules ask, so a case cannot forget one:
 
 1. resolve the tolerance from the table (a looser one needs a written reason);
-2. convert both sides to the cell's dtype, perturb zero/constant-initialised parameters,
-   load ONE state_dict into both (CP converted first: no fp32 round trip), check the CP
-   weights are bitwise the serial ones;
-3. draw inputs from ``cell.generator`` (identical on every rank) and distribute them with
-   the toolkit's distributor (:func:`cpmatrix.parity.data.distribute`);
-4. forward both sides (under autocast if the cell says so);
-5. backward with an explicit **random** grad_output (never ``.sum().backward()``);
-6. compare the output (``full_tensor()``), every input grad and every parameter grad by
-   name; check sharding is active, replicated values identical across ranks, grads
-   non-zero and finite;
+2. convert both sides to the cell's dtype without changing what they compute (complex
+   buffers stay complex, integer ones untouched), perturb zero/constant-initialised
+   parameters, load ONE state_dict into both (CP converted first: no fp32 round trip),
+   check the CP weights are bitwise the serial ones and tied weights still tied;
+3. draw inputs from ``cell.generator`` (identical on every rank), tensors inside nested
+   inputs too, and distribute them with the toolkit's distributor
+   (:func:`cpmatrix.parity.data.distribute`);
+4. forward and backward the serial side (under autocast if the cell says so), with an
+   explicit **random** grad_output (never ``.sum().backward()``), then the CP side's whole
+   step inside ``context()`` (``loss_parallel`` and the like);
+5. in fp32/bf16/fp16 cells run the serial side again in fp64 (the twin, :mod:`._twin`):
+   the reference each low-precision result is judged against;
+6. compare the output (``full_tensor()``), every input grad, every parameter grad and every
+   buffer by name; check sharding is active, replicated values identical across ranks,
+   grads non-zero and finite; record every warning either side raised;
 7. agree on the verdict across ranks, record evidence (max abs/rel diff, tolerance, one
    line per check) and raise one :class:`ParityError` listing every failure.
 
@@ -26,6 +31,7 @@ from typing import Any
 
 import torch
 
+from cpmatrix.parity._convert import recording_warnings, warning_outcome
 from cpmatrix.parity._inputs import (
     Axes,
     Inputs,
@@ -36,12 +42,35 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
+from cpmatrix.parity._step import (
+    ContextFactory,
+    cp_context,
+    run_cp,
+    shape_mismatches,
+    skip_grads_for_shapes,
+    twin_line,
+)
 from cpmatrix.parity._training import OptimizerFactory, run_training
-from cpmatrix.parity._verdicts import ParityReport, Verdicts, check_param_grads, finish
+from cpmatrix.parity._twin import (
+    Twin,
+    backward_twin,
+    make_twin,
+    outputs_of,
+    upcast_inputs,
+)
+from cpmatrix.parity._verdicts import (
+    ParityReport,
+    Verdicts,
+    check_buffers,
+    check_param_grads,
+    finish,
+    mesh_sizes,
+)
 from cpmatrix.parity._weights import (
     PrepareCP,
     check_same_names,
     load_modules,
+    named_buffers,
     named_params,
     perturbed_line,
     sharded_state,
@@ -80,6 +109,7 @@ def check_parity(
     optimizer: OptimizerFactory | None = None,
     steps: int = 3,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    context: ContextFactory | None = None,
     label: str = "parity",
 ) -> ParityReport:
     """Run ``serial`` and ``cp`` on the same inputs and weights; compare everything.
@@ -105,7 +135,19 @@ def check_parity(
     ``lambda ps: torch.optim.SGD(ps, lr=0.1)`` switches to the workflow level: ``steps``
     training steps (``TensorSpec`` inputs drawn afresh each step), comparing the per-step
     loss, the first step's parameter grads and the weight deltas; ``loss(output)`` defaults
-    to a random projection of the outputs.
+    to a random projection of the outputs. ``context``: a factory of a context manager
+    (``loss_parallel``, not ``loss_parallel()``; or one taking the CP side's inputs of the
+    step, ``lambda ins: context_parallel(mesh, buffers=[ins["x"]], buffer_seq_dims=[1])``)
+    entered around the CP side's whole step: forward, loss and backward, as a training
+    loop runs them (the optimizer step follows outside it); the serial side and the fp64
+    twin run outside it.
+
+    Tensors anywhere inside an input (lists, tuples, dicts, dataclasses) are inputs like
+    any other (named ``batch.tokens``; ``placements`` may name them so), and so are
+    tensors inside outputs. Every buffer is compared by name after backward. In
+    fp32/bf16/fp16 cells the serial side runs again in fp64 (the twin) and each value is
+    judged by the fp64 twin rule (:class:`~cpmatrix.parity.tolerance.TwinRule`); where no
+    twin value exists, the table's fixed row judges it, labelled so in the evidence.
 
     Raises :class:`ParityError` (``.check``: first failing check, ``.failed``: all) on every
     rank alike; returns a :class:`ParityReport` otherwise. Arguments the toolkit cannot use
@@ -132,8 +174,9 @@ def check_parity(
     except ParityError as exc:
         cell.record(f"{label}.check.tolerance", f"FAILED: {exc}")
         raise
-    verdicts = Verdicts(label)
+    verdicts = Verdicts(label, sizes=mesh_sizes(cell.mesh))
     verdicts.lines["tolerance"] = [tol.describe()]
+    enter = cp_context(context)
     if optimizer is not None:
         if not isinstance(steps, int) or steps < 1:
             raise ParityError("setup", f"steps must be an int >= 1, got {steps!r}")
@@ -152,38 +195,63 @@ def check_parity(
             optimizer=optimizer,
             steps=steps,
             loss=loss,
+            enter=enter,
             verdicts=verdicts,
         )
-    perturbed: list[str] = []
-    if isinstance(serial, torch.nn.Module):
-        cp, perturbed, weights = load_modules(
-            cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp
+    warns: list[str] = []
+    with recording_warnings(warns):
+        perturbed: list[str] = []
+        if isinstance(serial, torch.nn.Module):
+            cp, perturbed, weights = load_modules(
+                cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp
+            )
+            verdicts.add("setup", weights)
+        twin = make_twin(serial) if tol.twin is not None else Twin(why="fixed")
+        verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
+        with odd_input_fails("setup"):
+            ins = materialize(cell, inputs, placements or {})
+        verdicts.lines.setdefault("setup", []).append(_inputs_line(ins))
+        t_ins, t_leaves = upcast_inputs(ins.serial, list(ins.leaves)) if twin.ok else ({}, {})
+        serial_params, cp_params = named_params(serial), named_params(cp)
+        check_same_names("parameters", serial_params, cp_params)
+        verdicts.add(
+            "replicated_identical",
+            replicated_problems(
+                {
+                    **tensors_of(ins.serial, "input "),
+                    **{f"param {n}": p for n, p in serial_params.items()},
+                },
+                cell.mesh,
+            ),
         )
-        verdicts.add("setup", weights)
-    verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
-    with odd_input_fails("setup"):
-        ins = materialize(cell, inputs, placements or {})
-    verdicts.lines.setdefault("setup", []).append(_inputs_line(ins))
-    serial_params, cp_params = named_params(serial), named_params(cp)
-    check_same_names("parameters", serial_params, cp_params)
-    verdicts.add(
-        "replicated_identical",
-        replicated_problems(
-            {
-                **tensors_of(ins.serial, "input "),
-                **{f"param {n}": p for n, p in serial_params.items()},
-            },
-            cell.mesh,
-        ),
-    )
+        with autocast_ctx(cell):
+            s_out = serial(**ins.serial)
+        s_leaves = dict(flatten(s_out))
+        s_grads = serial_backward(cell, s_leaves)
+        with enter(ins.cp):  # the CP side's whole step: forward and backward
+            with autocast_ctx(cell):
+                c_out = run_cp(cp, ins)
+            c_leaves = dict(flatten(c_out))
+            check_same_names("outputs", s_leaves, c_leaves)
+            with odd_input_fails("setup"):
+                axes_of = output_axes_map(output_axes, s_leaves)
+            shapes = shape_mismatches(ins, s_leaves, c_leaves, axes_of)
+            if not shapes:
+                cp_backward(ins, s_grads, c_leaves, axes_of, verdicts)
+    verdicts.add("setup", warning_outcome(warns))
+    if warns:
+        verdicts.evidence["warnings"] = warning_outcome(warns).summary
+    if twin.ok:
+        with twin.running():
+            t_out = outputs_of(twin.module(**t_ins))
+            backward_twin(t_out, s_grads)
+            twin.outputs = {n: v.detach() for n, v in t_out.items()
+                            if isinstance(v, torch.Tensor)}
+            twin.input_grads = {n: t.grad for n, t in t_leaves.items()}
+            twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
+            twin.buffers = named_buffers(twin.module)
+    verdicts.evidence["twin"] = twin_line(tol, twin)
 
-    with autocast_ctx(cell):
-        s_out = serial(**ins.serial)
-        c_out = cp(**ins.cp)
-    s_leaves, c_leaves = dict(flatten(s_out)), dict(flatten(c_out))
-    check_same_names("outputs", s_leaves, c_leaves)
-    with odd_input_fails("setup"):
-        axes_of = output_axes_map(output_axes, s_leaves)
     declared = dict(activations()) if activations is not None else {}
     verdicts.check_sharding(
         {
@@ -195,30 +263,35 @@ def check_parity(
         cell.mesh,
     )
     with odd_input_fails("output"):  # a CP output that does not fit its axes fails here
-        outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s)
+        outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s, twin.outputs.get(n))
                    for n, s in s_leaves.items()}
     verdicts.add_diffs("output", compare_named(outputs, tol), tol)
     verdicts.add("replicated_identical", replicated_problems(tensors_of(c_leaves, ""), cell.mesh))
 
-    backward(cell, ins, s_leaves, c_leaves, axes_of, verdicts)
-
+    if shapes:
+        skip_grads_for_shapes(verdicts, shapes)
+        verdicts.add("nonzero", grad_problems(_serial_values(s_leaves), allow_zero=allow_zero))
+        return finish(cell, verdicts, tol, perturbed)
+    if not ins.leaves:
+        verdicts.skipped.setdefault(
+            "input_grad",
+            "no input takes a gradient (only integer inputs, requires_grad=False, or none)")
     with odd_input_fails("input_grad"):
-        input_pairs = {n: (serial_layout(ins, leaf.cp.grad, leaf.axes), leaf.serial.grad)
+        input_pairs = {n: (serial_layout(ins, leaf.cp.grad, leaf.axes), leaf.serial.grad,
+                           twin.input_grads.get(n))
                        for n, leaf in ins.leaves.items()}
     verdicts.add_diffs("input_grad", compare_named(input_pairs, tol), tol)
     input_grads = {n: leaf.cp.grad for n, leaf in ins.leaves.items() if leaf.cp.grad is not None}
     verdicts.check_placements({f"grad {n}": g for n, g in input_grads.items()}, cell.mesh)
-    verdicts.add("input_grad", replicated_problems(input_grads, cell.mesh))
-    check_param_grads(verdicts, serial_params, cp_params, tol, cell.mesh)
+    if input_grads:
+        verdicts.add("input_grad", replicated_problems(input_grads, cell.mesh))
+    check_param_grads(verdicts, serial_params, cp_params, tol, cell.mesh, twin.param_grads)
+    check_buffers(verdicts, named_buffers(serial), named_buffers(cp), tol, twin.buffers)
     verdicts.add(
         "nonzero",
         grad_problems(
             {
-                **{
-                    n: s.detach()
-                    for n, s in s_leaves.items()
-                    if isinstance(s, torch.Tensor) and s.is_floating_point()
-                },
+                **_serial_values(s_leaves),
                 **{f"grad {n}": leaf.serial.grad for n, leaf in ins.leaves.items()},
                 **{f"grad {n}": p.grad for n, p in serial_params.items()},
             },
@@ -228,29 +301,42 @@ def check_parity(
     return finish(cell, verdicts, tol, perturbed)
 
 
+def _serial_values(s_leaves: Mapping[str, Any]) -> dict[str, Any]:
+    return {n: s.detach() for n, s in s_leaves.items()
+            if isinstance(s, torch.Tensor) and s.is_floating_point()}
+
+
 def _inputs_line(ins: Inputs) -> str:
     shapes = [f"{n} {tuple(v.shape)}" for n, v in tensors_of(ins.serial, "").items()]
     return "inputs from cell.generator: " + ", ".join(shapes)
 
 
-def backward(
-    cell: Any,
+def serial_backward(cell: Any, s_leaves: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Backward the serial side with one random grad_output per differentiable output
+    (drawn from ``cell.generator`` in output order); the grads by output name."""
+    grads: dict[str, torch.Tensor] = {}
+    for name, s in s_leaves.items():
+        if isinstance(s, torch.Tensor) and s.requires_grad:
+            grads[name] = draw(cell.generator, s.shape, s.dtype, s.device)
+    if grads:
+        torch.autograd.backward([s_leaves[n] for n in grads], list(grads.values()))
+    return grads
+
+
+def cp_backward(
     ins: Inputs,
-    s_leaves: Mapping[str, Any],
+    s_grads: Mapping[str, torch.Tensor],
     c_leaves: Mapping[str, Any],
     axes_of: Mapping[str, Axes],
     verdicts: Verdicts,
 ) -> None:
-    """Backward both sides with one random grad_output per differentiable output."""
+    """Backward the CP side with the serial side's grad_outputs, laid out and placed as
+    each CP output is (a ``Partial`` output's grad is replicated)."""
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    s_outs: list[torch.Tensor] = []
-    s_grads: list[torch.Tensor] = []
     c_outs: list[Any] = []
     c_grads: list[Any] = []
-    for name, s in s_leaves.items():
-        if not (isinstance(s, torch.Tensor) and s.requires_grad):
-            continue
+    for name, g in s_grads.items():
         c = c_leaves[name]
         if not (isinstance(c, torch.Tensor) and c.requires_grad):
             verdicts.add(
@@ -262,25 +348,18 @@ def backward(
                 ),
             )
             continue
-        g = draw(cell.generator, s.shape, s.dtype, s.device)
         axes = axes_of.get(name)
         full = ins.batch.layout.to_cp(g, axes) if axes is not None and ins.batch else g
-        s_outs.append(s)
-        s_grads.append(g)
-        if tuple(c.shape) != tuple(full.shape):
-            continue  # the output check failed on its shape: no grad_output fits it
         c_outs.append(c)
         if is_dtensor(c):
-            # a Partial output's grad is replicated: every rank's partial sees the same grad
             dt: Any = c
             places = [Replicate() if p.is_partial() else p for p in dt.placements]
             c_grads.append(distribute_tensor(full, dt.device_mesh, places, src_data_rank=None))
         else:
             c_grads.append(full.clone())
-    if not s_outs:
+    if not s_grads:
         verdicts.skipped["input_grad"] = "no differentiable output"
         verdicts.skipped["param_grad"] = "no differentiable output"
         return
-    torch.autograd.backward(s_outs, s_grads)
     if c_outs:
         torch.autograd.backward(c_outs, c_grads)

@@ -32,7 +32,10 @@ from cpmatrix.parity.errors import ToleranceError
 
 __all__ = [
     "TOLERANCE_TABLE",
+    "TWIN_FACTOR",
+    "TWIN_FLOOR_ULPS",
     "Tolerance",
+    "TwinRule",
     "dtype_name",
     "resolve_tolerance",
     "table_markdown",
@@ -62,6 +65,53 @@ _DTYPE_ALIASES: Final = {
 }
 
 
+#: The fp64 twin rule's factor and floor (derivation: docs/parity.md, "The fp64 twin").
+TWIN_FACTOR: Final = 4.0
+TWIN_FLOOR_ULPS: Final = 4.0
+
+#: Machine epsilon (spacing at 1.0) of the precision a cell really computes in.
+_EPS: Final = {"fp32": 2.0**-23, "tf32": 2.0**-10, "bf16": 2.0**-7, "fp16": 2.0**-10}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TwinRule:
+    """The fp64 twin rule: the CP side's error against the serial model re-run in fp64
+    (the twin) may be at most ``factor`` times the serial side's own error against it,
+    plus a floor of ``floor_ulps`` ulps (of ``precision``) at the value's scale::
+
+        |cp_i - twin_i| <= factor * max_j |serial_j - twin_j| + floor_ulps * eps * max_j |twin_j|
+
+    Example::
+
+        >>> rule = tolerance_for("bf16").twin
+        >>> rule.budget(serial_err=0.01, scale=2.0)  # 4 x 0.01 + 4 x 2^-7 x 2
+        0.10250000000000001
+        >>> rule.describe()
+        'fp64 twin: |cp - twin| <= 4 x max|serial - twin| + 4 ulp (bf16, eps 2^-7) x max|twin|'
+    """
+
+    factor: float
+    floor_ulps: float
+    #: The precision the cell computes in: fp32, tf32 (Triton's fp32 dot), bf16, fp16.
+    precision: str
+
+    @property
+    def eps(self) -> float:
+        return _EPS[self.precision]
+
+    def floor(self, scale: float) -> float:
+        """The allowance where the serial side happens to be exact: a few ulps at ``scale``."""
+        return self.floor_ulps * self.eps * scale
+
+    def budget(self, *, serial_err: float, scale: float) -> float:
+        return self.factor * serial_err + self.floor(scale)
+
+    def describe(self) -> str:
+        exponent = round(math.log2(self.eps))
+        return (f"fp64 twin: |cp - twin| <= {self.factor:g} x max|serial - twin| + "
+                f"{self.floor_ulps:g} ulp ({self.precision}, eps 2^{exponent}) x max|twin|")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tolerance:
     """``rtol``/``atol`` as in ``torch.testing.assert_close``, with where they came from.
@@ -69,10 +119,17 @@ class Tolerance:
     ``why`` says why a table row has these numbers; ``reason`` is the written reason of a
     loosening (None for a table row). Build a looser one with :meth:`loosen`.
 
+    ``twin``: the fp64 twin rule of an fp32/bf16/fp16 row (:class:`TwinRule`). Where it is
+    set, every floating tensor is judged by it, and ``rtol``/``atol`` are the fixed row
+    used only where no twin value exists (the evidence then says "table"). fp64 rows and
+    tolerances built by hand have no twin: the fixed rule judges everything.
+
     Example::
 
-        >>> tolerance_for("bf16").describe()
-        'rtol=0.016, atol=0.016 (table bf16/off/reference)'
+        >>> tolerance_for("fp64").describe()
+        'rtol=1e-07, atol=1e-07 (table fp64/off/reference)'
+        >>> tolerance_for("bf16").describe()[:48]
+        'fp64 twin: |cp - twin| <= 4 x max|serial - twin|'
     """
 
     rtol: float
@@ -80,27 +137,63 @@ class Tolerance:
     why: str = ""
     source: str = "custom"
     reason: str | None = None
+    twin: TwinRule | None = None
 
     def loosen(
-        self, *, rtol: float | None = None, atol: float | None = None, reason: str
+        self,
+        *,
+        rtol: float | None = None,
+        atol: float | None = None,
+        factor: float | None = None,
+        reason: str,
     ) -> Tolerance:
-        """A copy with larger ``rtol``/``atol``; refused (ToleranceError) without a reason."""
+        """A looser copy; refused (ToleranceError) without a reason.
+
+        ``factor`` loosens the fp64 twin rule (only where there is one). ``rtol``/``atol``
+        make a *fixed* tolerance: the twin rule is dropped, and every tensor is judged by
+        ``|cp - serial| <= atol + rtol * |serial|`` (say in the reason why the twin's
+        budget does not fit).
+        """
         _require_reason(reason, f"loosening {self.describe()}")
+        twin = self.twin
+        if factor is not None:
+            if twin is None:
+                raise ToleranceError(
+                    f"loosen(factor=...) needs an fp64 twin rule; {self.describe()} is fixed: "
+                    f"loosen rtol/atol instead")
+            twin = TwinRule(factor=float(factor), floor_ulps=twin.floor_ulps,
+                            precision=twin.precision)
+        if rtol is not None or atol is not None:
+            twin = None
         new = Tolerance(
             rtol=self.rtol if rtol is None else float(rtol),
             atol=self.atol if atol is None else float(atol),
             why=self.why,
             source=f"loosened from {self.source}",
             reason=reason.strip(),
+            twin=twin,
         )
         _require_valid_numbers(new)
         return new
 
     def is_looser_than(self, other: Tolerance) -> bool:
-        return self.rtol > other.rtol or self.atol > other.atol
+        """Looser fixed numbers, or a twin factor/floor above ``other``'s.
+
+        Dropping the twin for a fixed tolerance is judged by the fixed numbers alone (the
+        fixed table row is what a cell without a twin gets anyway).
+        """
+        if self.rtol > other.rtol or self.atol > other.atol:
+            return True
+        mine, theirs = self.twin, other.twin
+        if mine is None or theirs is None:
+            return False
+        return (mine.factor > theirs.factor or mine.floor_ulps > theirs.floor_ulps
+                or mine.eps > theirs.eps)
 
     def describe(self) -> str:
-        text = f"rtol={self.rtol:.3g}, atol={self.atol:.3g} ({self.source})"
+        fixed = f"rtol={self.rtol:.3g}, atol={self.atol:.3g} ({self.source})"
+        text = (fixed if self.twin is None
+                else f"{self.twin.describe()}; where no twin: {fixed}")
         if self.reason:
             text += f"; reason: {self.reason}"
         return text
@@ -127,6 +220,17 @@ _FP16 = (
     "reduction-order reason as bf16"
 )
 
+#: The precision each (dtype, autocast on?, path) computes in, for the twin rule's floor:
+#: autocast computes in bf16 on CPU; Triton's fp32 tl.dot in TF32. fp64: no twin.
+_COMPUTE: Final = {
+    ("fp32", False, "reference"): "fp32", ("fp32", True, "reference"): "bf16",
+    ("fp32", False, "kernel"): "tf32", ("fp32", True, "kernel"): "bf16",
+    ("bf16", False, "reference"): "bf16", ("bf16", True, "reference"): "bf16",
+    ("bf16", False, "kernel"): "bf16", ("bf16", True, "kernel"): "bf16",
+    ("fp16", False, "reference"): "fp16", ("fp16", True, "reference"): "fp16",
+    ("fp16", False, "kernel"): "fp16", ("fp16", True, "kernel"): "fp16",
+}
+
 #: The rows: (dtype, autocast on?, path, rtol, atol, why).
 _ROWS: Final = (
     ("fp64", False, "reference", 1e-7, 1e-7, _DEFAULT64),
@@ -149,10 +253,15 @@ _ROWS: Final = (
 
 #: THE table. Keys: (dtype name, autocast on?, path). Values: :class:`Tolerance` with ``why``.
 #: Built inline at import (no helper function), so what a test sees is what every cell gets.
+#: Rows of fp32/bf16/fp16 carry the fp64 twin rule (:class:`TwinRule`); their rtol/atol
+#: judge only what has no twin value. fp64 rows are fixed.
 TOLERANCE_TABLE: Final[Mapping[tuple[str, bool, str], Tolerance]] = MappingProxyType({
     (dtype, autocast, path): Tolerance(
         rtol=rtol, atol=atol, why=why,
         source=f"table {dtype}/{'on' if autocast else 'off'}/{path}",
+        twin=None if dtype == "fp64" else TwinRule(
+            factor=TWIN_FACTOR, floor_ulps=TWIN_FLOOR_ULPS,
+            precision=_COMPUTE[(dtype, autocast, path)]),
     )
     for dtype, autocast, path, rtol, atol, why in _ROWS
 })
@@ -202,7 +311,8 @@ def resolve_tolerance(
     """The tolerance a check uses: the table row, or ``requested`` if it is allowed.
 
     ``requested`` may be tighter than the row freely; looser only with a written reason
-    (made by :meth:`Tolerance.loosen`), else :class:`ToleranceError`.
+    (made by :meth:`Tolerance.loosen`), else :class:`ToleranceError`. A requested
+    tolerance without a twin rule is a fixed one: it judges every tensor by its numbers.
     """
     base = tolerance_for(dtype, autocast, path)
     if requested is None:
@@ -220,10 +330,13 @@ def resolve_tolerance(
 
 def table_markdown() -> str:
     """The table as Markdown (the README shows exactly this; a test keeps them in sync)."""
-    lines = ["| dtype | autocast | path | rtol | atol | why |", "|---|---|---|---|---|---|"]
+    lines = ["| dtype | autocast | path | default rule | fixed rtol | fixed atol | why |",
+             "|---|---|---|---|---|---|---|"]
     for (dtype, autocast, path), tol in TOLERANCE_TABLE.items():
         on = "on" if autocast else "off"
-        lines.append(f"| {dtype} | {on} | {path} | {tol.rtol:g} | {tol.atol:g} | {tol.why} |")
+        rule = "fixed" if tol.twin is None else f"fp64 twin ({tol.twin.precision} ulp)"
+        lines.append(f"| {dtype} | {on} | {path} | {rule} | {tol.rtol:g} | {tol.atol:g} "
+                     f"| {tol.why} |")
     return "\n".join(lines) + "\n"
 
 
@@ -243,7 +356,12 @@ def _require_reason(reason: object, what: str) -> None:
 
 
 def _require_valid_numbers(tol: Tolerance) -> None:
-    for name in ("rtol", "atol"):
-        value = getattr(tol, name)
+    values = [("rtol", tol.rtol), ("atol", tol.atol)]
+    if tol.twin is not None:
+        values += [("twin factor", tol.twin.factor), ("twin floor_ulps", tol.twin.floor_ulps)]
+        if tol.twin.precision not in _EPS:
+            raise ToleranceError(f"twin precision must be one of {sorted(_EPS)}, "
+                                 f"got {tol.twin.precision!r}")
+    for name, value in values:
         if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise ToleranceError(f"tolerance {name} must be a finite number >= 0, got {value!r}")

@@ -250,9 +250,12 @@ def _mutants(runs: Sequence[ReportCell]) -> str:
         return ""
     killed = [r for r in runs if r.evidence.get("mutant_outcome") == "killed"]
     alive = [r for r in runs if r not in killed]
-    rate = 100 * len(killed) / len(runs)
-    out = [f'<section id="mutants"><h2>Mutants: {len(killed)}/{len(runs)} killed '
-           f'(<span id="kill-rate">{rate:.1f}%</span>)</h2>']
+    judged = [r for r in runs if r.status is not Status.NOT_JUDGED]
+    rate = 100 * len(killed) / len(judged) if judged else 100.0
+    unjudged = len(runs) - len(judged)
+    note = f", {unjudged} not judged" if unjudged else ""
+    out = [f'<section id="mutants"><h2>Mutants: {len(killed)}/{len(judged)} killed '
+           f'(<span id="kill-rate">{rate:.1f}%</span>{note})</h2>']
     if alive:
         out.append(_mutant_rows(alive, killed=False))
     if killed:
@@ -269,11 +272,13 @@ def _totals(cells: Sequence[ReportCell], runs: Sequence[ReportCell]) -> str:
         f' title="show only {s.value} cells">{counts[s]} {s.value}</button>'
         for s in Status if counts[s])
     killed = sum(1 for r in runs if r.evidence.get("mutant_outcome") == "killed")
+    judged = sum(1 for r in runs if r.status is not Status.NOT_JUDGED)
     mut = ""
     if runs:
         full = "all" if killed == len(runs) else "some"
+        rate = 100 * killed / judged if judged else 100.0
         mut = (f'<a class="mline" data-killed="{full}" href="#mutants">mutants: {killed}/'
-               f"{len(runs)} killed ({100 * killed / len(runs):.1f}%)</a>")
+               f"{judged} killed ({rate:.1f}%)</a>")
     return (f'<div id="totals"><span class="count" data-cells="{len(cells)}">{len(cells)} cells'
             f"</span>{chips}{mut}</div>")
 

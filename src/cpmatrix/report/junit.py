@@ -114,16 +114,20 @@ def _testcase(cell: Cell | None, result: Result) -> TestCase:
     for name, value in _properties(cell, result):
         props.append(Property(xml_safe(name), xml_safe(value)))
     tc.append(props)
-    if result.status in (Status.PASSED, Status.CACHED, Status.FLAKY):
+    if result.status in (Status.PASSED, Status.CACHED, Status.FLAKY, Status.KILLED):
         if result.status is Status.FLAKY:
             tc.system_out = _clip(f"FLAKY: {result.message}\n{_failure_text(result)}")
+        if result.status is Status.KILLED:  # the message says by what; the ranks it failed
+            tc.system_out = _clip(f"KILLED: {result.message}\n{_failure_text(result)}")
         return tc
-    if result.status in (Status.SKIPPED, Status.INTERRUPTED):
+    if result.status in (Status.SKIPPED, Status.INTERRUPTED, Status.NOT_JUDGED):
         tc.result = [Skipped(xml_safe(result.message))]
         return tc
     head = xml_safe(result.headline())
-    if result.kind is not None and result.kind.value == "error":
-        elem: Failure | Error = Failure(head[:300], xml_safe(
+    if result.status is Status.SURVIVED:
+        elem: Failure | Error = Failure(head[:300], "survived")
+    elif result.kind is not None and result.kind.value == "error":
+        elem = Failure(head[:300], xml_safe(
             result.first_failure.message.split(":")[0]) if result.first_failure else "error")
     else:
         elem = Error(head[:300], result.status.value)

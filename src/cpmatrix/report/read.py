@@ -110,7 +110,8 @@ def _status_of(name: str, props: Mapping[str, str], results: Sequence[Any], wher
             raise ReportError(f"{where}: testcase {name!r}: unknown status {raw!r} "
                               f"(allowed: {allowed})") from None
     if any(isinstance(r, Failure | Error) for r in results):
-        if status in (Status.FAILED, Status.TIMEOUT, Status.CRASH, Status.INFRA):
+        if status in (Status.FAILED, Status.TIMEOUT, Status.CRASH, Status.INFRA,
+                      Status.SURVIVED):
             return status
         return Status.FAILED
     if any(isinstance(r, Skipped) for r in results) and (status is None or status.ok):

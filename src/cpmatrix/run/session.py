@@ -75,14 +75,23 @@ class RunReport:
         return self.starts.get("world", 0)
 
     def mutant_line(self) -> str:
-        """``mutants: K/N killed (kill rate X%)``, naming the survivors."""
+        """``mutants: K/J killed (kill rate X%)`` over the judged ones, naming the
+        survivors and the mutants not judged (their unmutated cell did not pass)."""
         runs = [r for r in self.results.values() if r.mutant]
-        killed = [r for r in runs if r.evidence.get("mutant_outcome") == "killed"]
-        survivors = [testcase_name(r.cell_id, r.mutant) for r in runs if r not in killed]
-        rate = 100.0 * len(killed) / len(runs) if runs else 100.0
-        line = f"mutants: {len(killed)}/{len(runs)} killed (kill rate {rate:.1f}%)"
+        unjudged = [r for r in runs if r.status is Status.NOT_JUDGED]
+        judged = [r for r in runs if r.status is not Status.NOT_JUDGED]
+        killed = [r for r in judged if r.status is Status.KILLED]
+        survivors = [testcase_name(r.cell_id, r.mutant) for r in judged if r not in killed]
+        rate = 100.0 * len(killed) / len(judged) if judged else 100.0
+        line = f"mutants: {len(killed)}/{len(judged)} killed (kill rate {rate:.1f}%)"
+        if unjudged:
+            line += (f"; {len(unjudged)} not judged (left out of the kill rate: their "
+                     "unmutated cell did not pass in this run)")
         if survivors:
             line += "\nsurvived (vacuous for these bugs):\n  " + "\n  ".join(survivors)
+        if unjudged:
+            line += "\nnot judged (fix the cell first):\n  " + "\n  ".join(
+                testcase_name(r.cell_id, r.mutant) for r in unjudged)
         return line
 
     def counts(self) -> dict[str, int]:
@@ -264,6 +273,9 @@ class _Session:
         self.by_batch: dict[str, list[str]] = {}
         self.jobs_planned: dict[str, int] = {}
         self.jobs_started: dict[str, int] = {}
+        #: Mutant results waiting for their unmutated cell's result, by cell id.
+        self.pending: dict[str, list[tuple[str, Entry, Result]]] = {}
+        self._planned_keys: set[str] = set()
 
     @property
     def starts(self) -> int:
@@ -287,7 +299,13 @@ class _Session:
                   f"({result.status.value})", file=sys.stderr)
             return
         if entry.mutant:
-            final: Result | None = interpret_mutant(result)
+            # judged against the unmutated cell of this run, once its result is final
+            base = self.results.get(testcase_name(entry.cell.id))
+            if base is None and self._base_planned(entry):
+                self.pending.setdefault(entry.cell.id, []).append(
+                    (item.batch.removesuffix("-retry"), entry, result))
+                return
+            final: Result | None = interpret_mutant(result, base)
         else:
             final, again = self.retry.decide(entry, result,
                                              retries=item.executor.retries_crashes)
@@ -299,6 +317,21 @@ class _Session:
         if self.store is not None and final.status is Status.PASSED and not entry.mutant:
             self.store(entry.cell, final)
         self.record(item.batch.removesuffix("-retry"), entry, final)
+        if not entry.mutant:
+            self.judge_pending(entry.cell.id)
+
+    def _base_planned(self, entry: Entry) -> bool:
+        """Whether the unmutated run of ``entry``'s cell is planned (it is for every cell
+        of ``--mutants``: a mutant is only judged against a green cell of the same run)."""
+        if len(self._planned_keys) != len(self.planned):
+            self._planned_keys = {e.key for e in self.planned}
+        return testcase_name(entry.cell.id) in self._planned_keys
+
+    def judge_pending(self, cell_id: str) -> None:
+        """Judge the mutant runs of ``cell_id`` that waited for its unmutated result."""
+        base = self.results.get(testcase_name(cell_id))
+        for batch, entry, result in self.pending.pop(cell_id, []):
+            self.record(batch, entry, interpret_mutant(result, base))
 
     def run_jobs(self) -> None:
         """Launch and poll jobs until the queue is empty (``jobs`` at a time)."""
@@ -386,9 +419,11 @@ class _Session:
         self.active = []
 
     def close_unfinished(self, stopped_by: int | None, internal: BaseException | None) -> None:
-        """Every planned entry ends as exactly one result, whatever stopped the run."""
+        """Every planned entry ends as exactly one result, whatever stopped the run; a
+        mutant run that finished before its unmutated cell is then NOT JUDGED."""
+        waiting = {e.key for runs in self.pending.values() for _, e, _ in runs}
         for entry in self.planned:
-            if entry.key in self.results:
+            if entry.key in self.results or entry.key in waiting:
                 continue
             if stopped_by is not None:
                 result = Result(
@@ -407,6 +442,8 @@ class _Session:
                                 kind=FailureKind.CRASH, mutant=entry.mutant,
                                 message="cpmatrix lost track of this cell (bug)")
             self.record("unfinished", entry, result)
+        for cell_id in list(self.pending):
+            self.judge_pending(cell_id)
 
 
 def _sweep_run(run_id: str, children_before: set[int]) -> None:

@@ -1,0 +1,139 @@
+"""The CP side's step in :func:`check_parity`: its context, its errors, its output shapes.
+
+- :func:`cp_context` - ``context=`` (``loss_parallel`` and the like) entered around the CP
+  side's whole step: forward, loss and backward, as a training loop runs them. A context
+  entered around the loss alone (``loss_parallel`` in particular) leaves the backward
+  mixing ``Tensor`` and ``DTensor``.
+- :func:`run_cp` - the CP forward; an exception of it stays the model's own, with a note
+  when an input went in with the default placement (a replicated DTensor) that the model
+  may not expect (integer token ids for a TP plan that distributes them itself).
+- :func:`shape_mismatches` - a CP output of the wrong shape fails ``output`` in one line,
+  and no grad_output fits it: the grad checks are skipped with that reason instead of
+  listing every parameter grad as missing.
+
+Private: cases use :mod:`cpmatrix.parity`'s public names only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from cpmatrix.parity._inputs import Axes, Inputs, default_placement_note
+from cpmatrix.parity._twin import Twin
+from cpmatrix.parity._verdicts import Verdicts
+from cpmatrix.parity.errors import ParityError
+from cpmatrix.parity.tolerance import Tolerance
+
+__all__ = [
+    "ContextFactory",
+    "EnterStep",
+    "cp_context",
+    "run_cp",
+    "shape_mismatches",
+    "skip_grads_for_shapes",
+    "twin_line",
+]
+
+#: ``context=``: a factory of a context manager, entered once per CP step: with no
+#: argument (``loss_parallel``), or with the CP side's inputs of the step (``lambda ins:
+#: context_parallel(mesh, buffers=[ins["x"]], buffer_seq_dims=[1])``).
+ContextFactory = Callable[..., contextlib.AbstractContextManager[Any]]
+#: What :func:`cp_context` makes of it: called with the step's CP inputs either way.
+EnterStep = Callable[[Mapping[str, Any]], contextlib.AbstractContextManager[Any]]
+
+
+def _takes_inputs(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes one positional argument (the step's CP inputs)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called without one
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    return len(positional) == 1 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def cp_context(context: Any) -> EnterStep:
+    """``context`` checked: a callable returning a context manager (a fresh one per step),
+    called with the CP side's inputs of the step when it takes one argument.
+
+    >>> cp_context(None)({}).__class__.__name__
+    'nullcontext'
+    >>> cp_context(lambda ins: contextlib.nullcontext(ins["x"]))({"x": 1}).__enter__()
+    1
+    >>> cp_context(contextlib.nullcontext())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    cpmatrix.parity.errors.ParityError: context must be a factory of a context manager, ...
+    """
+    if context is None:
+        return lambda _inputs: contextlib.nullcontext()
+    if not callable(context):
+        raise ParityError("setup", f"context must be a factory of a context manager, called "
+                                   f"once per CP step (context=loss_parallel, not "
+                                   f"context=loss_parallel()); got a {type(context).__name__}")
+
+    with_inputs = _takes_inputs(context)
+
+    def enter(inputs: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
+        made = context(inputs) if with_inputs else context()
+        if not (hasattr(made, "__enter__") and hasattr(made, "__exit__")):
+            raise ParityError("setup", f"context() must return a context manager, got a "
+                                       f"{type(made).__name__}")
+        return made  # type: ignore[no-any-return]
+
+    return enter
+
+
+def run_cp(cp: Any, ins: Inputs) -> Any:
+    """The CP forward; its exception stays its own, noting inputs nobody placed."""
+    try:
+        return cp(**ins.cp)
+    except Exception as exc:
+        if ins.defaulted:
+            exc.add_note(default_placement_note(ins.defaulted))
+        raise
+
+
+def shape_mismatches(
+    ins: Inputs, s_leaves: Mapping[str, Any], c_leaves: Mapping[str, Any],
+    axes_of: Mapping[str, Axes],
+) -> list[str]:
+    """``name: CP shape != serial shape`` for every differentiable output whose CP value
+    (a DTensor by its global shape, in the CP layout) cannot take the serial grad_output."""
+    out = []
+    for name, s in s_leaves.items():
+        c = c_leaves.get(name)
+        if not (isinstance(s, torch.Tensor) and s.requires_grad and isinstance(c, torch.Tensor)):
+            continue
+        axes = axes_of.get(name)
+        want = tuple(s.shape)
+        if axes is not None and ins.batch is not None:
+            want = tuple(ins.batch.layout.to_cp(s.detach(), axes).shape)
+        if tuple(c.shape) != want:
+            out.append(f"{name}: CP shape {tuple(c.shape)} != serial {want}")
+    return out
+
+
+def skip_grads_for_shapes(verdicts: Verdicts, shapes: list[str]) -> None:
+    """The grad checks skipped (not failed) when an output's shape is wrong: ``output``
+    already failed on it, and a grad check without a backward would only list every grad
+    as missing."""
+    why = (f"no CP backward ran: the CP output's shape is wrong ({'; '.join(shapes)}), "
+           f"so no grad_output fits it (see output)")
+    for check in ("input_grad", "param_grad", "buffer"):
+        verdicts.skipped[check] = why
+
+
+def twin_line(tol: Tolerance, twin: Twin) -> str:
+    """The evidence ``<label>.twin``: whether the fp64 twin ran, or why the table judged."""
+    if tol.twin is None:
+        return "none: a fixed tolerance (fp64 cell, or one given) judges every tensor"
+    if twin.ok:
+        return "ran: the serial side again in float64 on the same weights and inputs"
+    return f"could not run, the fixed table judged instead: {twin.why}"

@@ -1,0 +1,165 @@
+"""The fp64 twin: the serial model run a second time in float64, on the same weights and
+inputs, as the reference the low-precision sides are measured against.
+
+A fixed tolerance cannot fit every computation: a softmax over 8192 values is ~1e-4 per
+element (bf16's fixed atol of 0.016 would pass it wrong), and a grad that cancels over 128
+tokens differs by ~3e-5 between two correct fp32 summation orders (fp32's fixed atol of
+1e-5 would fail it). The twin measures what the serial side's own rounding costs on *this*
+computation; :func:`cpmatrix.parity.compare.twin_verdict` then allows the CP side a stated
+multiple of it. Derivation of the rule and its factor: docs/parity.md, "The fp64 twin".
+
+Everything here is the toolkit's own run, not the code under test: a twin that cannot run
+(a module that cannot be deep-copied, an op without a float64 kernel, an output that is not
+float64) is *no twin*, and the fixed table judges instead, labelled so in the evidence.
+
+Private: cases use :mod:`cpmatrix.parity`'s public names only.
+
+Example::
+
+    >>> twin = make_twin(torch.nn.Linear(2, 2))
+    >>> twin.why, next(twin.module.parameters()).dtype
+    ('', torch.float64)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from cpmatrix.parity._convert import convert_module
+from cpmatrix.parity._inputs import rebuild
+from cpmatrix.parity.compare import flatten
+from cpmatrix.parity.dtypes import twin_running
+
+__all__ = ["Twin", "make_twin", "upcast", "upcast_inputs"]
+
+
+@dataclasses.dataclass(slots=True)
+class Twin:
+    """The serial side in fp64 (a converted deep copy of a module, or the callable itself),
+    or why there is none (``why``). Values it produced are collected by name."""
+
+    module: Any = None
+    why: str = ""
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    input_grads: dict[str, Any] = dataclasses.field(default_factory=dict)
+    param_grads: dict[str, Any] = dataclasses.field(default_factory=dict)
+    buffers: dict[str, Any] = dataclasses.field(default_factory=dict)
+    losses: dict[str, Any] = dataclasses.field(default_factory=dict)
+    deltas: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.why
+
+    def fail(self, why: str) -> None:
+        """No twin from here on: every value judged by the table, labelled with ``why``."""
+        if not self.why:
+            self.why = why
+        self.outputs.clear()
+        self.input_grads.clear()
+        self.param_grads.clear()
+        self.buffers.clear()
+        self.losses.clear()
+        self.deltas.clear()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Run the twin: the global RNG state is restored after it (the twin must not move
+        any draw of the case), DtypeProbes ignore it, its warnings are not the model's
+        (not recorded), and an exception of the twin run turns into "no twin" (the fixed
+        table judges) instead of failing the check."""
+        if not self.ok:
+            yield
+            return
+        try:
+            with torch.random.fork_rng(devices=[]), twin_running(), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
+        except Exception as exc:  # the toolkit's extra run: never the user's failure
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self.fail(f"the serial side does not run in float64 ({type(exc).__name__}: "
+                      f"{first[:200]})")
+
+
+def make_twin(serial: Any) -> Twin:
+    """A float64 copy of ``serial`` (a module: deep-copied, then converted with
+    :func:`~cpmatrix.parity._convert.convert_module`; a callable: itself)."""
+    if not isinstance(serial, torch.nn.Module):
+        return Twin(module=serial)
+    try:
+        twin = copy.deepcopy(serial)
+    except Exception as exc:  # a module holding a lock, a process group, a file...
+        return Twin(why=f"the serial module cannot be deep-copied ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})")
+    device = next((t.device for t in (*serial.parameters(), *serial.buffers())), "cpu")
+    convert_module(twin, dtype=torch.float64, device=device)
+    for p in twin.parameters():
+        p.grad = None
+    return twin_of(twin)
+
+
+def twin_of(module: torch.nn.Module) -> Twin:
+    return Twin(module=module)
+
+
+def upcast(value: Any) -> Any:
+    """``value`` with every floating tensor inside as float64 and every complex one as
+    complex128 (detached copies; exact: every lower precision embeds in them); others as
+    they are."""
+    def up(_path: str, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.is_floating_point():
+            return t.detach().to(torch.float64)
+        if t.is_complex():
+            return t.detach().to(torch.complex128)
+        return t
+    return rebuild(value, "", up)
+
+
+def upcast_inputs(
+    serial_inputs: Mapping[str, Any], leaves: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The twin's keyword arguments, and its differentiable inputs by the same dotted names
+    as the serial side's (``leaves``), each a float64 leaf that takes a grad."""
+    grads: dict[str, torch.Tensor] = {}
+
+    def up(path: str, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if not (t.is_floating_point() or t.is_complex()):
+            return t
+        wide = t.detach().to(torch.complex128 if t.is_complex() else torch.float64)
+        if path in leaves:
+            wide.requires_grad_(True)
+            grads[path] = wide
+        return wide
+
+    out = {name: rebuild(value, name, up) for name, value in serial_inputs.items()}
+    return out, grads
+
+
+def outputs_of(value: Any) -> dict[str, Any]:
+    """The twin's outputs by the names :func:`~cpmatrix.parity.compare.flatten` gives."""
+    return dict(flatten(value))
+
+
+def backward_twin(outs: Mapping[str, Any], grads: Mapping[str, torch.Tensor]) -> None:
+    """Backward the twin's outputs with the serial side's grad_outputs, upcast."""
+    tensors = [outs[n] for n in grads if isinstance(outs.get(n), torch.Tensor)
+               and outs[n].requires_grad]
+    wide = [grads[n].detach().to(outs[n].dtype) for n in grads
+            if isinstance(outs.get(n), torch.Tensor) and outs[n].requires_grad]
+    if tensors:
+        torch.autograd.backward(tensors, wide)
+
+
+Factory = Callable[[Any], Any]
