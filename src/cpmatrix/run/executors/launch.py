@@ -19,14 +19,21 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cpmatrix.remote.procs import WORLD_TOKEN, descendants, kill_all, processes_with_token
+from cpmatrix.remote.procs import (
+    WORLD_TOKEN,
+    descendants,
+    kill_all,
+    processes_with_token,
+    stat_fields,
+)
 from cpmatrix.remote.protocol import Outcome, StartMarker, parse_marker_name, read_typed
 from cpmatrix.run.runners.base import Launch, Runner
 
-__all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv"]
+__all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv", "physical_devices",
+           "pid_state"]
 
 #: Starts the command with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
 #: the kernel kills the child (and each rank then dies with torchrun). argv: the expected
@@ -168,3 +175,29 @@ class Progress:
         """The rank's outcome of cell ``index`` is in, and final (its groups checked)."""
         done = self.dones.get((index, rank))
         return done is not None and done.final
+
+
+def pid_state(pid: int) -> tuple[bool, int | None]:
+    """(alive, raw wait status from /proc field 52 once it is a zombie)."""
+    fields = stat_fields(pid)
+    if not fields:
+        return False, None
+    if fields[0] not in ("Z", "X"):
+        return True, None
+    try:
+        return False, int(fields[49]) if len(fields) > 49 else None
+    except ValueError:
+        return False, None
+
+
+def physical_devices(pool: tuple[int, ...], env: Mapping[str, str]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for pool indices, through the caller's own list.
+
+    The pool counts the devices this process sees: with ``CUDA_VISIBLE_DEVICES=2,3`` set
+    by the caller, pool device 0 is physical GPU 2, not GPU 0.
+
+    >>> physical_devices((0, 1), {"CUDA_VISIBLE_DEVICES": "2,3"}), physical_devices((1,), {})
+    ('2,3', '1')
+    """
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return ",".join(visible[i] if i < len(visible) else str(i) for i in pool)

@@ -29,13 +29,12 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, tail_lines
 from cpmatrix.matrix.schema import Platform
-from cpmatrix.remote.procs import stat_fields
 from cpmatrix.remote.protocol import (
     CellSpec,
     Outcome,
@@ -61,6 +60,8 @@ from cpmatrix.run.executors.launch import (
     Progress,
     free_port,
     launcher_argv,
+    physical_devices,
+    pid_state,
 )
 from cpmatrix.run.plan import expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
@@ -78,19 +79,6 @@ def cell_spec(entry: Entry) -> CellSpec:
         platform=cell.platform, timeout_s=cell.timeout_s, mutant=entry.mutant,
         out_dir=entry.out_dir,
     )
-
-
-def _pid_state(pid: int) -> tuple[bool, int | None]:
-    """(alive, raw wait status from /proc field 52 once it is a zombie)."""
-    fields = stat_fields(pid)
-    if not fields:
-        return False, None
-    if fields[0] not in ("Z", "X"):
-        return True, None
-    try:
-        return False, int(fields[49]) if len(fields) > 49 else None
-    except ValueError:
-        return False, None
 
 
 def _read_text(path: Path) -> str:
@@ -176,7 +164,7 @@ class WorldRun:
             extra["PYTHONSAFEPATH"] = "1"
             extra[WORLD_TOKEN] = self.token
             if self.devices:
-                extra["CUDA_VISIBLE_DEVICES"] = _physical_devices(self.devices, ctx.source_env)
+                extra["CUDA_VISIBLE_DEVICES"] = physical_devices(self.devices, ctx.source_env)
             env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
             argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
                                  str(world_file))
@@ -233,7 +221,7 @@ class WorldRun:
         now = time.monotonic()
         for r, pid in self._host_pids().items():
             if r not in self._dead and r not in self._left:
-                alive, status = _pid_state(pid)
+                alive, status = pid_state(pid)
                 if not alive:
                     self._dead[r] = (now, describe_status(status) if status is not None else "")
         if len(self._reported) == len(self.entries):
@@ -492,16 +480,3 @@ def _remove_folder(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):
         folder.parent.rmdir()
-
-
-def _physical_devices(pool: tuple[int, ...], env: Mapping[str, str]) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for pool indices, through the caller's own list.
-
-    The pool counts the devices this process sees: with ``CUDA_VISIBLE_DEVICES=2,3`` set
-    by the caller, pool device 0 is physical GPU 2, not GPU 0.
-
-    >>> _physical_devices((0, 1), {"CUDA_VISIBLE_DEVICES": "2,3"}), _physical_devices((1,), {})
-    ('2,3', '1')
-    """
-    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return ",".join(visible[i] if i < len(visible) else str(i) for i in pool)
