@@ -7,10 +7,12 @@ naming the server. Three runs, in one module fixture:
 1. **A writes** (the setting, as main's CI): the passes go to both caches; the cell that
    crashed once and passed when retried (FLAKY) goes to neither. Then checkout A is
    deleted, so no absolute path of A can still hold what its cells read.
-2. **B reads** (``--remote-cache-read-only``, as a pull request), with one case edited
-   and one stored blob tampered with on the server: the untouched cell is ``cached``
-   from the remote (and adopted by B's local cache), the edited one misses, the tampered
-   one is a reported miss; the server's folder is byte for byte as before.
+2. **B reads** (``--remote-cache-read-only``, as a pull request), with one case edited,
+   one data file edited and one stored blob tampered with on the server: the untouched
+   cell is ``cached`` from the remote (and adopted by B's local cache), the edited case
+   misses, the cell whose data file differs misses (its entry's observed set is
+   re-checked here, as a local hit's), the tampered one is a reported miss; the
+   server's folder is byte for byte as before.
 3. **An unreachable remote** (``--remote-cache`` on a dead port: the command line wins
    over the setting) with an empty local cache: one warning, every cell runs, exit 0.
 """
@@ -33,7 +35,7 @@ from cpmatrix.run.reapi import ActionResult
 
 pytestmark = pytest.mark.slow
 
-PASSING = ("alpha", "beta", "gamma")
+PASSING = ("alpha", "beta", "delta", "gamma")
 ENTRY = "cpmatrix/entry.json"
 
 
@@ -103,11 +105,14 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         b = _checkout(root, "checkout-b", url)
         case = b / "cases" / "remote_beta.py"
         case.write_text(case.read_text().replace("2.0", "2.5"))
+        (b / "data" / "delta.txt").write_text("7\n")
         gamma = s.runs["write"].results["gamma"]
         for name, blob in s.after_write.items():
             if name.startswith("ci/cas/") and b'"gamma[' in blob:
-                # Same length, one byte changed: only the hash can tell.
-                (data / name).write_bytes(blob.replace(b'"passed"', b'"pbssed"'))
+                # Same length, still a well-formed pass: only the hash can tell.
+                forged = blob.replace(b'"value": 4.0', b'"value": 9.0')
+                assert forged != blob
+                (data / name).write_bytes(forged)
                 s.tampered = name
         assert s.tampered, f"no blob of gamma on the server ({gamma['cell_id']})"
         s.before_read = _files(data)
@@ -134,15 +139,16 @@ def test_main_writes_every_first_attempt_pass_and_never_the_flaky_one(story: Sto
     run = story.runs["write"]
     assert run.rc == 1, run.stdout + run.stderr  # the FLAKY cell is not ok for the exit code
     assert {n: r["status"] for n, r in run.results.items()} == {
-        "alpha": "passed", "beta": "passed", "gamma": "passed", "retried": "flaky"}
+        "alpha": "passed", "beta": "passed", "delta": "passed", "gamma": "passed",
+        "retried": "flaky"}
     entries = _ac_entries(story.after_write)
-    # Exactly the three passes, under their keys, as real ActionResults pointing at blobs.
+    # Exactly the four passes, under their keys, as real ActionResults pointing at blobs.
     assert sorted(e["result"]["cell_id"].split("[")[0] for e in entries.values()) == \
         sorted(PASSING)
     assert all(e["key"] == k and e["result"]["attempts"] == 1 for k, e in entries.items())
     remote = run.run_json["cache"]["remote"]
-    assert (remote["uploads"], remote["hits"], remote["misses"]) == (3, 0, 4), remote
-    assert "remote cache http://127.0.0.1:" in run.stdout and "3 uploads" in run.stdout
+    assert (remote["uploads"], remote["hits"], remote["misses"]) == (4, 0, 5), remote
+    assert "remote cache http://127.0.0.1:" in run.stdout and "4 uploads" in run.stdout
 
 
 def test_entries_name_project_files_relative_to_the_project(story: Story) -> None:
@@ -160,7 +166,7 @@ def test_another_checkout_hits_the_untouched_cell_from_the_remote(story: Story) 
     assert "(remote cache http://127.0.0.1:" in alpha["message"]
     assert alpha["evidence"]["cached_from"].endswith("/ci")
     # Adopted by B's local cache: the next run of B hits locally.
-    assert len(list((story.root / "b-cache" / "results").rglob("*.json"))) == 3
+    assert len(list((story.root / "b-cache" / "results").rglob("*.json"))) == 4
     assert "(1 local, 0 remote)" not in run.stdout and "(0 local, 1 remote)" in run.stdout
 
 
@@ -169,11 +175,21 @@ def test_an_edited_case_misses_and_runs(story: Story) -> None:
     assert beta["status"] == "passed" and beta["evidence"]["value"] == 2.5, beta
 
 
+def test_a_remote_entry_whose_files_differ_here_is_a_miss(story: Story) -> None:
+    run = story.runs["read"]
+    delta = run.results["delta"]
+    assert delta["status"] == "passed" and delta["evidence"]["value"] == 7.0, delta
+    remote = run.run_json["cache"]["remote"]
+    assert remote["stale"] == 1, remote
+    assert any("$project/data/delta.txt does not hold" in n for n in remote["notes"]), remote
+
+
 def test_a_tampered_blob_is_a_reported_miss(story: Story) -> None:
     run = story.runs["read"]
-    assert run.results["gamma"]["status"] == "passed"  # ran again, not the tampered result
+    gamma = run.results["gamma"]
+    assert gamma["status"] == "passed" and gamma["evidence"]["value"] == 4.0, gamma
     remote = run.run_json["cache"]["remote"]
-    assert (remote["hits"], remote["corrupt"], remote["misses"]) == (1, 1, 3), remote
+    assert (remote["hits"], remote["corrupt"], remote["misses"]) == (1, 1, 4), remote
     assert "1 failed verification" in run.stdout
     assert any("does not match its digest" in n for n in remote["notes"]), remote["notes"]
     assert "miss: " in run.stdout
@@ -197,4 +213,4 @@ def test_an_unreachable_remote_warns_once_and_the_run_goes_on(story: Story) -> N
     assert remote["disabled"] and remote["hits"] == 0 and remote["uploads"] == 0, remote
     # The command line won over the committed setting (the live server was not asked).
     assert remote["url"] != story.server.url + "/ci"
-    assert len(list((story.root / "b-cache-2" / "results").rglob("*.json"))) == 4
+    assert len(list((story.root / "b-cache-2" / "results").rglob("*.json"))) == 5
