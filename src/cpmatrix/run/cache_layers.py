@@ -19,7 +19,8 @@ Read local, then remote; write both (docs/cache.md, "Remote cache"):
 
 Which remote (:func:`remote_settings`): ``--remote-cache URL`` wins over the matrix's
 ``remote_cache:`` setting; ``--remote-cache ""`` turns the setting off; ``--no-cache``
-turns both caches off.
+turns both caches off. ``--remote-cache-read-only`` makes either read-only, and is a
+no-op with no remote (so one CI line serves projects with and without one).
 
 Example::
 
@@ -69,10 +70,7 @@ def remote_settings(options: RunOptions, matrix: Matrix) -> RemoteSettings | Non
             return None
         return RemoteSettings.parse(options.remote_cache, read_only=read_only)
     setting = matrix.remote_cache
-    if setting is None:
-        if read_only:
-            raise UsageError("--remote-cache-read-only: no remote cache to read (give "
-                             "--remote-cache URL or a remote_cache: setting in the matrix)")
+    if setting is None:  # --remote-cache-read-only alone: nothing to write to anyway
         return None
     try:
         return RemoteSettings.parse(setting.url, read_only=read_only or setting.read_only,
