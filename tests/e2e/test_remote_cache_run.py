@@ -72,10 +72,13 @@ def _run(project: Path, cache: Path, *extra: str) -> Run:
     out = project / "out"
     proc = run_cli("run", "--matrix", str(project / "matrix.yaml"), "--out", str(out),
                    "--cache-dir", str(cache), "--plain", *extra, timeout=300)
-    results = {r["cell_id"].split("[")[0]: r
-               for r in json.loads((out / "results.json").read_text())}
-    return Run(proc.returncode, proc.stdout, proc.stderr, results,
-               json.loads((out / "run.json").read_text()))
+    # A run that crashed writes no results: its tests fail, the other runs' still judge.
+    rows = json.loads((out / "results.json").read_text()) \
+        if (out / "results.json").is_file() else []
+    run_json = json.loads((out / "run.json").read_text()) \
+        if (out / "run.json").is_file() else {}
+    return Run(proc.returncode, proc.stdout, proc.stderr,
+               {r["cell_id"].split("[")[0]: r for r in rows}, run_json)
 
 
 def _files(data: Path) -> dict[str, bytes]:
