@@ -164,7 +164,7 @@ def test_a_relative_python_is_resolved_once_and_a_bad_one_is_exit_2(tmp_path: Pa
                    "--plain", "--no-cache", "--python", "./venv/bin/python", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     toolchain = json.loads((tmp_path / "out" / "run.json").read_text())["toolchain"]
-    assert toolchain["executable"]  # probed through the resolved path
+    assert toolchain["interpreter"].startswith("sha256:")  # probed through the resolved path
     command = json.loads(next((tmp_path / "out" / "worlds").glob("*/command.json"))
                          .read_text())["argv"]
     assert str(tmp_path / "venv" / "bin" / "python") in command

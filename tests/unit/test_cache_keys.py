@@ -486,7 +486,7 @@ def test_a_hit_needs_every_read_unchanged(tmp_path: Path, tree: Path) -> None:
     assert cache.put("ab" * 32, ok, settled) is True
     entry = json.loads((tmp_path / "cache" / "results" / "ab" / f"{'ab' * 32}.json")
                        .read_text())
-    assert entry["format"] == FORMAT == "cpmatrix-cache/2" and entry["key"] == "ab" * 32
+    assert entry["format"] == FORMAT == "cpmatrix-cache/3" and entry["key"] == "ab" * 32
     assert entry["reads"] == settled
     assert ResultCache(tmp_path / "cache").get("ab" * 32, "c") is not None
     (tree / "data.txt").write_text("9.9")

@@ -70,7 +70,8 @@ def test_allowed_keys_are_frozen() -> None:
     """The schema grows only on purpose: change this test together with the README."""
     assert ALLOWED_KEYS == {
         "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude",
-                   "include", "max_cells"),
+                   "include", "max_cells", "remote_cache"),
+        "remote_cache": ("url", "read_only"),
         "defaults": ("mesh", "dtype", "autocast", "path"),
         "platform": ("backend", "device", "image", "env", "description", "max_ranks"),
         "target": ("name", "case", "level", "kind", "tags", "timeout", "platforms", "axes",
@@ -88,6 +89,7 @@ def test_complete_example_uses_every_allowed_key_and_loads() -> None:
     params = {p for t in raw["targets"] for p in t.get("params", {})}
     used = {
         "matrix": set(raw),
+        "remote_cache": set(raw["remote_cache"]),
         "defaults": set(raw["defaults"]),
         "platform": {k for p in raw["platforms"].values() for k in p},
         "target": {k for t in raw["targets"] for k in t},

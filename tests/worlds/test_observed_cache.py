@@ -29,6 +29,7 @@ import pytest
 from cli_runner import RES, run_cli
 from cpmatrix.paths import PACKAGE_DIR
 from cpmatrix.run.cache import WORKER_ENTRIES, ActionKeys
+from cpmatrix.run.portable import Anchors
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +110,9 @@ def test_every_route_is_in_its_cells_observed_set(project: Project) -> None:
     stored = project.stored  # type: ignore[attr-defined]
     for cell in ROUTES:
         assert cell in stored, f"{cell}'s pass was not stored"
-        reads = stored[cell]["reads"]
+        # Entries name paths against the project's and the venv's folders (portable).
+        anchors = Anchors.of(project=str(project.dir), prefix=str(project.venv))
+        reads = {anchors.local(p): h for p, h in stored[cell]["reads"].items()}
         path = str(project.file(cell))
         rel = ROUTES[cell].replace("SITE/", "site/")
         original = (RES / "observed_project" / rel).read_bytes()

@@ -21,6 +21,7 @@ from cpmatrix.cli.console import Progress, format_summary
 from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.cache import ActionKeys
+from cpmatrix.run.cache_layers import remote_settings
 from cpmatrix.run.executors import EXECUTORS, executor_for
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.ordering import Order, arrange, parse_order
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if order is not None:
             cells = arrange(cells, order)
             print(f"order: {order} (--order {order} runs this order again)", flush=True)
+        remote_settings(options, matrix)  # a bad remote_cache: is exit 2, --dry-run too
         if claim is None:
             return _dry_run(cells, {p.name: p for p in matrix.platforms}, options, out, order)
         prepared = prepare_run(options, matrix, cells, claim, keys=keys,
@@ -121,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
             write_report_html(out)
             if prepared.cache_note:
                 print(prepared.cache_note)
+            if prepared.cache_layers is not None:
+                for line in prepared.cache_layers.finish():
+                    print(line)
+                prepared.cache_layers.record(out)
             print(format_summary(report, os.path.relpath(out)))
             if prepared.mutants is not None:
                 print(report.mutant_line())

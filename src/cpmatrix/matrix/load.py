@@ -39,6 +39,7 @@ from cpmatrix.matrix.schema import (
     Clause,
     Matrix,
     Platform,
+    RemoteCacheSetting,
     Scalar,
     SpillBlock,
     Target,
@@ -366,7 +367,29 @@ def _matrix(ctx: SpecReader, root: yaml.Node, base_dir: str) -> Matrix:
         include=tuple(clauses["include"]),
         pythonpath=tuple(pythonpath),
         max_cells=max_cells,
+        remote_cache=_remote_cache(ctx, sections["remote_cache"])
+        if "remote_cache" in sections else None,
     )
+
+
+def _remote_cache(ctx: SpecReader, node: yaml.Node) -> RemoteCacheSetting:
+    """``remote_cache: URL`` or ``remote_cache: {url: URL, read_only: BOOL}``."""
+    read_only = False
+    url_node = node
+    if isinstance(node, yaml.MappingNode):
+        fields = {k: v for k, _, v in ctx.mapping(node, "remote_cache",
+                                                 ALLOWED_KEYS["remote_cache"])}
+        if "url" not in fields:
+            raise ctx.error(node, "remote_cache", "missing 'url'",
+                            "http(s)://host[:port][/prefix]")
+        url_node = fields["url"]
+        if "read_only" in fields:
+            read_only = ctx.flag(fields["read_only"], "remote_cache.read_only")
+    path = "remote_cache.url" if url_node is not node else "remote_cache"
+    url = ctx.string(url_node, path)
+    mark = url_node.start_mark
+    return RemoteCacheSetting(url=url, read_only=read_only, file=ctx.file,
+                              line=mark.line + 1, column=mark.column + 1)
 
 
 def _child(node: yaml.Node, key: str) -> yaml.Node | None:

@@ -42,6 +42,7 @@ __all__ = [
     "Matrix",
     "Mesh",
     "Platform",
+    "RemoteCacheSetting",
     "Scalar",
     "SpillBlock",
     "Target",
@@ -64,7 +65,8 @@ TARGET_AXES: Final = AXES[1:]
 #: The schema's keys, per section. A test freezes this so it only grows on purpose.
 ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "matrix": ("version", "pythonpath", "defaults", "platforms", "targets", "exclude", "include",
-               "max_cells"),
+               "max_cells", "remote_cache"),
+    "remote_cache": ("url", "read_only"),
     "defaults": TARGET_AXES,
     "platform": ("backend", "device", "image", "env", "description", "max_ranks"),
     "target": (
@@ -198,6 +200,18 @@ class Mesh:
 
     def __str__(self) -> str:
         return f"{self.rows}x{self.cols}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteCacheSetting:
+    """A matrix's committed ``remote_cache:`` (the URL is checked when a run uses it,
+    by :mod:`cpmatrix.run.remote_cache`; errors name ``file:line:column``)."""
+
+    url: str
+    read_only: bool = False
+    file: str = ""
+    line: int = 0
+    column: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,6 +354,8 @@ class Matrix:
     pythonpath: tuple[str, ...] = ()
     #: The most cells the matrix may expand to (counted before exclusions).
     max_cells: int = MAX_CELLS
+    #: The project's remote result cache (``--remote-cache`` overrides it).
+    remote_cache: RemoteCacheSetting | None = None
 
     def platform(self, name: str) -> Platform:
         for p in self.platforms:

@@ -25,16 +25,20 @@ changed while the run read it. Entries are written atomically, so concurrent run
 share a cache folder; an entry that is corrupt, of another format or of another key is
 ignored (and rewritten by the next pass).
 
-The entry (format ``cpmatrix-cache/2``; one JSON file per pre-key, at
-``root/results/<key[:2]>/<key>.json``)::
+The entry (format ``cpmatrix-cache/3``; one JSON file per pre-key, at
+``root/results/<key[:2]>/<key>.json``; a remote cache stores the same JSON as the
+action's one output, :mod:`cpmatrix.run.cache_layers`)::
 
-    {"format": "cpmatrix-cache/2", "key": "<pre-key, 64 hex>", "stored_at": "<UTC>Z",
-     "reads": {"/abs/path": "sha256:<hex>" | "ls:<hex>" | "py:<hex>" | "absent", ...},
+    {"format": "cpmatrix-cache/3", "key": "<pre-key, 64 hex>", "stored_at": "<UTC>Z",
+     "reads": {"$project/cases/ring.py": "sha256:<hex>" | "ls:<hex>" | "py:<hex>" |
+               "absent", ...},
      "result": {...Result.to_dict()...}}
 
 ``sha256:`` is a file's content, ``ls:`` the sorted names of a folder the cell listed,
 ``py:`` the sorted importable names of a folder imports search (``.py``, packages,
 extension modules, ``.pth``), ``absent`` a path the cell looked for and did not find.
+Paths under the project or the interpreter's prefix are written ``$project/...``,
+``$prefix/...`` (:mod:`cpmatrix.run.portable`), checked against this checkout's folders.
 
 Example::
 
@@ -62,12 +66,13 @@ from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import PACKAGE_DIR
 from cpmatrix.remote.observe import ABSENT, CHANGED, importable, signature
 from cpmatrix.result import Result, Status
+from cpmatrix.run.portable import NO_ANCHORS, Anchors
 
 __all__ = ["FORMAT", "WORKER_ENTRIES", "ActionKeys", "ReadHashes", "ResultCache",
-           "default_cache_dir", "merge_reads"]
+           "default_cache_dir", "merge_reads", "storable"]
 
 #: The entry format this version writes and reads (older entries are misses).
-FORMAT: Final = "cpmatrix-cache/2"
+FORMAT: Final = "cpmatrix-cache/3"
 #: cpmatrix's package folder (``.../cpmatrix``), from a checkout or a wheel alike.
 _PACKAGE_DIR = PACKAGE_DIR
 #: The modules that start cpmatrix's code in a world (a rank, the fork launcher, a
@@ -333,13 +338,33 @@ class ReadHashes:
         return False  # an unknown kind: never a hit
 
 
+def storable(result: Result) -> bool:
+    """Whether ``result`` may become a cached pass, locally or remotely: a fresh
+    first-attempt PASS of an unmutated cell (never a failure, a FLAKY pass, a pass that
+    needed a retry, or a mutant run). The one rule both caches use.
+
+    >>> ok = Result(cell_id="c", status=Status.PASSED)
+    >>> storable(ok), storable(replace(ok, attempts=2)), storable(replace(ok, mutant="m"))
+    (True, False, False)
+    >>> storable(replace(ok, status=Status.FLAKY)), storable(replace(ok, status=Status.CACHED))
+    (False, False)
+    """
+    return result.status is Status.PASSED and not result.mutant and result.attempts == 1
+
+
 class ResultCache:
     """First-attempt PASS results by pre-key, each with its observed set's hashes, one JSON
-    file each under ``root/results``."""
+    file each under ``root/results``.
 
-    def __init__(self, root: Path, hashes: ReadHashes | None = None) -> None:
+    ``anchors``: the roots its paths are written against (:mod:`cpmatrix.run.portable`),
+    so an entry stored from one checkout is checked against another's files.
+    """
+
+    def __init__(self, root: Path, hashes: ReadHashes | None = None,
+                 anchors: Anchors = NO_ANCHORS) -> None:
         self.root = root
         self.hashes = hashes if hashes is not None else ReadHashes()
+        self.anchors = anchors
 
     def _path(self, key: str) -> Path:
         return self.root / "results" / key[:2] / f"{key}.json"
@@ -350,32 +375,58 @@ class ResultCache:
         path = self._path(key)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            result = Result.from_dict(data["result"])
-            reads = data["reads"]
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError):
             return None  # corrupt or foreign: ignored, rewritten by the next pass
+        found = self.check(data, key, cell_id)
+        return found if isinstance(found, Result) else None
+
+    def check(self, data: object, key: str, cell_id: str) -> Result | str:
+        """An entry (parsed JSON, from this folder or a remote cache) as a cached pass of
+        ``cell_id`` under ``key``, when every file it read still holds what it held here;
+        else why not (a miss)."""
+        if not isinstance(data, dict):
+            return "the entry does not parse"
+        try:
+            result = Result.from_dict(data["result"])
+            reads = data["reads"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "the entry does not parse"
         if data.get("format") != FORMAT or data.get("key") != key or \
                 result.cell_id != cell_id or result.status is not Status.PASSED or \
                 not isinstance(reads, dict):
-            return None
+            return "the entry is of another format, key or cell, or not a pass"
         for file, stored in reads.items():
-            if not isinstance(stored, str) or not self.hashes.matches(str(file), stored):
-                return None
+            if not isinstance(stored, str) or \
+                    not self.hashes.matches(self.anchors.local(str(file)), stored):
+                return f"{file} does not hold what the cell read"
         return replace(result, status=Status.CACHED,
                        message=f"(cached) passed at {data.get('stored_at', '?')}")
+
+    def entry(self, key: str, result: Result, reads: Mapping[str, str],
+              ) -> dict[str, object] | None:
+        """The entry for a fresh first-attempt PASS (:func:`storable`) with the hashes of
+        what it read, paths written against the anchors; None for anything else."""
+        if not storable(result):
+            return None
+        return {
+            "format": FORMAT,
+            "key": key,
+            "stored_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "reads": dict(sorted((self.anchors.portable(p), h) for p, h in reads.items())),
+            "result": result.to_dict(),
+        }
+
+    def write(self, key: str, entry: Mapping[str, object]) -> None:
+        """Store ``entry`` (atomically) as this folder's entry for ``key``."""
+        atomic_write_json(self._path(key), dict(entry))
 
     def put(self, key: str, result: Result, reads: Mapping[str, str]) -> bool:
         """Store a fresh first-attempt PASS with the hashes of what it read (anything
         else is ignored); True when stored."""
-        if result.status is not Status.PASSED or result.mutant or result.attempts != 1:
+        entry = self.entry(key, result, reads)
+        if entry is None:
             return False
-        atomic_write_json(self._path(key), {
-            "format": FORMAT,
-            "key": key,
-            "stored_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "reads": dict(sorted(reads.items())),
-            "result": result.to_dict(),
-        })
+        self.write(key, entry)
         return True

@@ -34,6 +34,7 @@ from typing import Any
 from cpmatrix.errors import UsageError
 from cpmatrix.run.balance import parse_shard
 from cpmatrix.run.ordering import parse_order
+from cpmatrix.run.remote_cache import RemoteSettings
 
 __all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_run_arguments", "resolve_interpreter"]
 
@@ -100,6 +101,14 @@ class RunOptions:
     cache_dir: str | None = field(default=None, metadata=_flag(
         "--cache-dir", "result cache folder (default: $XDG_CACHE_HOME/cpmatrix)",
         metavar="DIR"))
+    remote_cache: str | None = field(default=None, metadata=_flag(
+        "--remote-cache", "a Bazel HTTP remote cache behind the local one (bazel-remote, "
+        "nginx WebDAV): http(s)://host[:port][/prefix]; overrides the matrix's "
+        "remote_cache:, \"\" turns it off; credentials from $CPMATRIX_REMOTE_CACHE_TOKEN "
+        "or netrc, never the URL (docs/cache.md)", metavar="URL"))
+    remote_cache_read_only: bool = field(default=False, metadata=_flag(
+        "--remote-cache-read-only", "read the remote cache, never write it (pull-request "
+        "builds)", action="store_true"))
     plain: bool = field(default=False, metadata=_flag(
         "--plain", "plain progress lines even on a terminal", action="store_true"))
     abort_grace_s: float = field(default=5.0, metadata=_flag(
@@ -169,6 +178,8 @@ class RunOptions:
                 raise UsageError(f"{f.metadata['flag']} must be >= 0 seconds, got {value}")
         if self.order is not None:
             parse_order(self.order)
+        if self.remote_cache:  # checked at parse time: a bad URL is exit 2 before any run
+            RemoteSettings.parse(self.remote_cache)
         # Once, here: the worlds run in folders of their own (frozen: set in place).
         for name in ("out", "cache_dir", "durations"):
             value = getattr(self, name)

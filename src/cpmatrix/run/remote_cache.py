@@ -116,14 +116,16 @@ class RemoteStats:
     misses: int = 0
     #: Entries present but unusable (a blob missing or not matching its digest).
     corrupt: int = 0
+    #: Entries whose blobs verified, but whose observed set differs here (misses).
+    stale: int = 0
     uploads: int = 0
     #: The error that switched the remote off, if any.
     disabled: str = ""
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        line = (f"{self.hits} hits, {self.misses} misses, {self.corrupt} corrupt entries "
-                f"(misses), {self.uploads} uploads")
+        line = (f"{self.hits} hits, {self.misses} misses ({self.corrupt} failed "
+                f"verification, {self.stale} read other files), {self.uploads} uploads")
         return line + (f"; off after: {self.disabled}" if self.disabled else "")
 
 
@@ -316,6 +318,15 @@ class RemoteCache:
             return False
         self._count("uploads")
         return True
+
+    def reject(self, key: str, why: str) -> None:
+        """Count a hit of :meth:`get_action` as a miss after all: its entry verified, but
+        does not hold for this checkout (``why``: the file that differs)."""
+        with self._lock:
+            self.stats.hits -= 1
+            self.stats.misses += 1
+            self.stats.stale += 1
+            self.stats.notes.append(f"{key[:16]}: {why}")
 
     def _count(self, what: str) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ActionKeys, ReadHashes, ResultCache, default_cache_dir
+from cpmatrix.run.cache_layers import CacheLayers, remote_settings
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.devices import visible_cuda_devices
 from cpmatrix.run.entry import Entry
@@ -35,9 +36,11 @@ from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import fit_to_devices
+from cpmatrix.run.portable import Anchors, project_root
 from cpmatrix.run.provenance import cell_digests, run_source, stamp
+from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
-from cpmatrix.run.toolchain import interpreter_identity
+from cpmatrix.run.toolchain import probe_interpreter
 
 __all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
 
@@ -62,6 +65,8 @@ class PreparedRun:
     store: Store | None
     #: One line on the cache lookup (hits, time, files hashed); "" with --no-cache.
     cache_note: str = ""
+    #: The local and remote caches, to finish (uploads) after the run; None: --no-cache.
+    cache_layers: CacheLayers | None = None
 
 
 def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
@@ -171,7 +176,10 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
                   "here: a world given a device that is not there fails", file=sys.stderr)
     runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
                                  Path(matrix.path).resolve().parent)
-    toolchain = interpreter_identity(options.python)
+    probe = probe_interpreter(options.python)
+    # Paths in the key and the entries are written against these (location independence).
+    anchors = probe.anchors(project_root(matrix.path))
+    toolchain = probe.identity(anchors)
     keys = keys if keys is not None else ActionKeys(search_path=matrix.pythonpath)
     source = run_source(matrix.path, keys)
     mine = cell_digests(cells, keys)
@@ -179,8 +187,9 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
                       sources=stamp(mine, source), order=order)
     mutants = discover_mutants(matrix.pythonpath, fits, options.python) \
         if options.mutants else None
-    cached, store, note = _cache_hooks(options, fits, context, platforms, mutants is not None,
-                                       toolchain, keys)
+    cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
+                                               mutants is not None, toolchain, keys, anchors,
+                                               remote_settings(options, matrix))
     atomic_write_json(out / "run.json", {
         "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
         "runner": runner.name, "order": order or "planned",
@@ -191,22 +200,24 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     })
     return PreparedRun(cells=fits, skipped=skipped, platforms=platforms, devices=devices,
                        runner=runner, why_runner=why, context=context, toolchain=toolchain,
-                       mutants=mutants, cached=cached, store=store, cache_note=note)
+                       mutants=mutants, cached=cached, store=store, cache_note=note,
+                       cache_layers=layers)
 
 
 def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext,
                  platforms: Mapping[str, Platform], mutants: bool,
-                 toolchain: Mapping[str, str], keys: ActionKeys,
-                 ) -> tuple[dict[str, Result], Store | None, str]:
-    """Cached passes for ``cells``, a function that stores new passes, and a line on the
-    lookup."""
+                 toolchain: Mapping[str, str], keys: ActionKeys, anchors: Anchors,
+                 remote: RemoteSettings | None,
+                 ) -> tuple[dict[str, Result], Store | None, str, CacheLayers | None]:
+    """Cached passes for ``cells``, a function that stores new passes, a line on the
+    lookup, and the cache's layers (local, remote) to finish after the run."""
     if options.no_cache:
-        return {}, None, ""
+        return {}, None, "", None
     t0 = time.monotonic()
     hashes = ReadHashes()
-    cache = ResultCache(cache_root(options), hashes)
+    cache = ResultCache(cache_root(options), hashes, anchors)
     identity = context.runner.identity()
-    allow = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    allow = {k: anchors.text(os.environ[k]) for k in ENV_ALLOW if k in os.environ}
     digests = {
         c.id: keys.digest(c, runner_identity={**identity,
                                               **executor_for(c.kind).cache_identity()},
@@ -214,13 +225,11 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
                           toolchain=toolchain)
         for c in cells
     }
-    hits: dict[str, Result] = {}
-    if not mutants:
-        for c in cells:
-            hit = cache.get(digests[c.id], c.id)
-            if hit is not None:
-                hits[c.id] = hit
-    note = (f"cache: {len(hits)} of {len(cells)} cells cached (looked up in "
+    layers = CacheLayers(cache, None if remote is None else RemoteCache(remote), digests)
+    hits = {} if mutants else layers.lookup(cells)
+    where = (f" ({layers.local_hits} local, {layers.remote_hits} remote)"
+             if remote is not None else "")
+    note = (f"cache: {len(hits)} of {len(cells)} cells cached{where} (looked up in "
             f"{time.monotonic() - t0:.2f} s, {hashes.hashed} files hashed)")
     private = context.runner.private_files
 
@@ -233,9 +242,6 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
         if isinstance(settled, str):
             print(f"note: {cell.id} is not cached: {settled}", file=sys.stderr)
             return
-        try:
-            cache.put(digests[cell.id], result, settled)
-        except OSError as exc:  # a full or read-only cache must not fail the run
-            print(f"warning: could not store {cell.id} in the cache: {exc}", file=sys.stderr)
+        layers.store(cell, result, settled)
 
-    return hits, store, note
+    return hits, store, note, layers
