@@ -18,8 +18,8 @@ The score counts a mutant no test reaches ("no tests") as surviving:
 
 **The stamp** (``tools/mutation-stamp.json``, written by ``--record``): per module, the
 score a real run reached and the hash of everything that score depends on: the module's
-source, every test file mutmut runs against it (the selection, and the shared helpers
-and conftest they import), the ``[tool.mutmut]`` settings and this tool. With
+source, every test file mutmut runs against it (the selection, conftest, and the shared
+helpers they import), the ``[tool.mutmut]`` settings and this tool. With
 ``--changed-only`` (what CI runs) a module whose hash matches its stamp, with a recorded
 score at or above ``--fail-under``, is not mutated again: the tool prints its recorded
 score, the date and the hash it matched. Every other module runs. Nothing is skipped
@@ -29,6 +29,7 @@ silently, and a stamp cannot vouch for code or tests it did not see.
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import hashlib
 import json
@@ -82,13 +83,43 @@ def modules_of(pyproject: Path) -> list[str]:
 
 def test_files(root: Path) -> list[Path]:
     """The test files a mutant is judged by: the selection of ``[tool.mutmut]`` (paths
-    among ``pytest_add_cli_args_test_selection``) and the shared helpers and conftest
-    beside them (``tests/*.py``), sorted."""
+    among ``pytest_add_cli_args_test_selection``), ``tests/conftest.py`` (pytest loads it
+    for every test) and the shared helpers beside them (``tests/*.py``) that these import,
+    directly or through another helper, sorted. A helper no judging test imports (the
+    pytest front's runner, the cache server's fixture) cannot move a score."""
     config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
     selection = config["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
     named = {root / a for a in selection if a.endswith(".py")}
-    helpers = set((root / "tests").glob("*.py"))
-    return sorted(named | helpers)
+    helpers = {p.stem: p for p in (root / "tests").glob("*.py")}
+    found: set[Path] = {helpers["conftest"]} if "conftest" in helpers else set()
+    todo = sorted(named | found)
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for name in imported_names(path):
+            helper = helpers.get(name)
+            if helper is not None and helper not in found:
+                found.add(helper)
+                todo.append(helper)
+    return sorted(named | found)
+
+
+def imported_names(path: Path) -> set[str]:
+    """The top-level names of the modules a Python file imports (absolute imports)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
 
 
 def input_hash(root: Path, module: str) -> str:

@@ -84,7 +84,8 @@ def _cell() -> Cell:
 
 
 def _session() -> Any:
-    session = _Session(SimpleNamespace(), {}, jobs=1, devices=0, store=None, on_result=None)
+    session = _Session(SimpleNamespace(sources={}), {}, jobs=1, devices=0, store=None,
+                       on_result=None)
     cell = _cell()
     session.planned = [Entry(cell=cell), Entry(cell=cell, mutant="bug"),
                        Entry(cell=cell, mutant="other")]

@@ -77,7 +77,21 @@ def test_the_hash_ignores_what_the_score_does_not_depend_on(project: Path) -> No
     before = tool.input_hash(project, MODULE)
     _append(project / "src" / "cpmatrix" / "other.py", "y = 2\n")
     (project / "README.md").write_text("docs\n")
+    (project / "tests" / "unused_helper.py").write_text("x = 1\n")  # no judging test imports it
     assert tool.input_hash(project, MODULE) == before
+
+
+def test_a_helper_counts_when_a_judging_test_imports_it_even_through_another(
+        project: Path) -> None:
+    (project / "tests" / "deep_helper.py").write_text("x = 1\n")
+    (project / "tests" / "mid_helper.py").write_text("from deep_helper import x\n")
+    before = tool.input_hash(project, MODULE)
+    _append(project / "tests" / "deep_helper.py", "y = 2\n")
+    assert tool.input_hash(project, MODULE) == before, "nothing imports mid_helper yet"
+    _append(project / "tests" / "unit" / "test_parity_tolerance.py", "\nimport mid_helper\n")
+    with_import = tool.input_hash(project, MODULE)
+    _append(project / "tests" / "deep_helper.py", "z = 3\n")
+    assert tool.input_hash(project, MODULE) != with_import
 
 
 def test_a_stamp_vouches_only_for_the_same_inputs_and_a_passing_score() -> None:
