@@ -29,7 +29,12 @@ from cpmatrix.run.plan import slot_plan
 from cpmatrix.run.provenance import cell_digests, run_source
 from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, pack_spec, prepare_run
-from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
+from cpmatrix.run.sharding import (
+    recorded_durations,
+    recorded_history,
+    take_shard,
+    write_empty_report,
+)
 from cpmatrix.run.slurm import slurm_missing, slurm_plan, slurm_scheduling, slurm_worlds
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
                 report = run_cells(
                     prepared.cells, prepared.platforms, context,
                     batch_size=options.batch_size, jobs=jobs, worlds=worlds, wrap_job=wrap_job,
-                    recorded=recorded_durations(options, out) if options.durations else None,
+                    recorded=recorded_history(options) if options.durations else None,
+                    runs=options.runs_per_test,
                     devices=devices, mutants=prepared.mutants,
                     keep_order=options.keep_order, cached=prepared.cached,
                     store=prepared.store, on_start=progress.start,
