@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
             worlds = slurm_worlds(prepared.cells, recorded_durations(options, out), jobs)
             print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
                   f"--out {out} must be shared with the nodes)", flush=True)
+        if options.runs_per_test > 1:
+            print(f"runs per test: {options.runs_per_test} (each of the {len(prepared.cells)} "
+                  "cells runs that often; runs that disagree make it FLAKY)", flush=True)
         progress = Progress(force_plain=options.plain)
         with stop_on_signals() as stopper:
             try:
