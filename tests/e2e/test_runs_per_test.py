@@ -215,3 +215,10 @@ def test_flaky_fails_the_gate_unless_allowed(runs: Runs) -> None:
 def test_refused_options(tmp_path: Path, extra: list[str], message: str) -> None:
     proc = run_cli("run", "--matrix", str(MATRIX), "--out", str(tmp_path / "o"), *extra)
     assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
+
+
+def test_dry_run_plans_every_run() -> None:
+    proc = run_cli("run", "--matrix", str(MATRIX), "--runs-per-test", "3", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("plan: 3 cells x 3 runs in 1 worlds"), proc.stdout
+    assert sum(ln.startswith(f"  {FLAKY}  ranks ") for ln in proc.stdout.splitlines()) == 3

@@ -174,13 +174,15 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
     slots = (slurm_worlds(fits, durations, options.max_jobs) if options.scheduler == "slurm"
              else options.jobs)
     pack = pack_spec(options, platforms.values(), devices=devices)
-    plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
+    runs = options.runs_per_test  # each run is an entry of the plan, as in a real run
+    plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex for _ in range(runs)],
                           durations=durations, batch_size=options.batch_size,
                           keep_order=options.keep_order, mutants=None, worlds=slots,
                           pack=pack))
              for ex in reversed(EXECUTORS)]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
-    print(f"plan: {len(fits)} cells in {jobs or 'no jobs'} (runner: {options.runner})")
+    times = f" x {runs} runs" if runs > 1 else ""
+    print(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} (runner: {options.runner})")
     for ex, batches in plans:
         for b in batches:
             print(ex.describe(b))
