@@ -24,6 +24,8 @@ cpmatrix's version, the git commit; each result carries its own, see
   ``interrupted`` saying which shard should have run it: never silently dropped, and
   no gate policy can allow it;
 - folders of different selections (another matrix, another N) are refused (exit 2).
+- **histories** (``durations.json``, :mod:`cpmatrix.report.history`): each cell's kept
+  runs united over the folders (a run several hold counts once), the last ones kept.
 
 Example::
 
