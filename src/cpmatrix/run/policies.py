@@ -136,8 +136,8 @@ def combine_runs(runs: Sequence[Result]) -> Result:
     if len(judged) < len(runs):
         first = next(r for r in runs if r.status in _NO_VERDICT)
         return replace(first, **common,  # type: ignore[arg-type]
-                       message=f"{first.message} ({counts}; the others had no verdict)"
-                       if not failed and passed else f"{first.message} ({counts})")
+                       message=f"{first.message} ({counts}, {len(runs) - len(judged)} "
+                       "without a verdict)")
     if not failed:
         return replace(runs[0], **common, message=f"{counts}")  # type: ignore[arg-type]
     return replace(failed[0], **common,  # type: ignore[arg-type]
