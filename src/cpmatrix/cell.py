@@ -42,9 +42,16 @@ TORCH_DTYPES: Final = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16",
 MAX_EVIDENCE_CHARS = 2000
 
 
-def seed_for(cell_id: str) -> int:
-    """The cell's seed: derived from its id only, so a repro draws the same numbers."""
-    return int.from_bytes(hashlib.sha256(cell_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
+def seed_for(cell_id: str, run_number: int = 1) -> int:
+    """The cell's seed: derived from its id (and, past the first, its run number) only, so
+    a repro draws the same numbers. Run 1 keeps the id's own seed: ``--runs-per-test 1``
+    draws what a plain run draws.
+
+    >>> seed_for("t@cpu") == seed_for("t@cpu", 1) != seed_for("t@cpu", 2)
+    True
+    """
+    text = cell_id if run_number <= 1 else f"{cell_id}#run={run_number}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 @dataclass(kw_only=True)
@@ -71,7 +78,8 @@ class CellContext:
     level: str
     #: The target's extra axes for this cell, e.g. ``{"seq": 7}``.
     params: dict[str, Any]
-    #: Derived from the id (:func:`seed_for`); python/numpy/torch RNGs are seeded with it.
+    #: Derived from the id and the run number (:func:`seed_for`); python/numpy/torch RNGs
+    #: are seeded with it.
     seed: int
     #: A ``torch.Generator`` seeded with ``seed``: identical draws on every rank.
     generator: Any
@@ -82,6 +90,8 @@ class CellContext:
     target: str = ""
     #: The planted bug switched on for this run (``cpmatrix run --mutants``), or None.
     mutant: str | None = None
+    #: Which run of the cell this is: 1 for a plain run, 1..N with ``--runs-per-test N``.
+    run_number: int = 1
     evidence: dict[str, EvidenceValue] = field(default_factory=dict)
 
     def record(self, name: str, value: EvidenceValue) -> None:

@@ -127,6 +127,12 @@ class Result:
     #: ``digest`` (the cell's), ``matrix``, ``cpmatrix``, ``commit``. Empty in reports
     #: of cpmatrix versions before it.
     source: dict[str, str] = field(default_factory=dict)
+    #: ``--runs-per-test N`` (N > 1): the cell's runs, how many passed, and one line per
+    #: run that did not (``run 3: failed (error) on rank 0: ...``). 0 and () for one run
+    #: (left out of :meth:`to_dict` then).
+    runs: int = 0
+    runs_passed: int = 0
+    run_failures: tuple[str, ...] = ()
     #: What the cell read (path -> signature, merged over its ranks), for the result
     #: cache; None when not observed. In memory only: never in results.json or reports.
     reads: dict[str, str] | None = field(default=None, compare=False, repr=False)
@@ -153,6 +159,11 @@ class Result:
         d["failures"] = [asdict(f) for f in self.failures]
         d["stderr_tails"] = {str(k): v for k, v in self.stderr_tails.items()}
         del d["reads"]
+        if self.runs:
+            d["run_failures"] = list(self.run_failures)
+        else:  # a plain run's row as before runs per test existed
+            for key in ("runs", "runs_passed", "run_failures"):
+                del d[key]
         return d
 
     @classmethod
@@ -183,6 +194,10 @@ class Result:
                 mutant=_typed(d, "mutant", str, ""),
                 source={str(k): _str(v, "source")
                         for k, v in _typed(d, "source", dict, {}).items()},
+                runs=int(_typed(d, "runs", int, 0)),
+                runs_passed=int(_typed(d, "runs_passed", int, 0)),
+                run_failures=tuple(_str(v, "run_failures")
+                                   for v in _typed(d, "run_failures", list, [])),
             )
         except (TypeError, KeyError) as exc:
             raise ValueError(f"malformed result: {exc}") from None

@@ -10,6 +10,7 @@ import pytest
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.report import read_report
+from cpmatrix.report.history import durations_of, read_histories
 from cpmatrix.report.junit import results_to_junit, write_junit
 from cpmatrix.report.merge import ShardManifest, merge_shards, selection_digest
 from cpmatrix.result import Result, Status
@@ -52,7 +53,8 @@ def test_every_cell_once_with_its_evidence(tmp_path: Path) -> None:
     assert sorted(c.cell_id for c in cells) == sorted(CELLS)
     assert all(c.status is Status.PASSED for c in cells)
     assert {c.cell_id: c.evidence["max_abs"] for c in cells}[CELLS[4]] == "1e-12"
-    durations = json.loads((tmp_path / "m" / "durations.json").read_text())
+    # The old form of durations.json (seconds only) is still read; the merge writes histories.
+    durations = durations_of(read_histories(tmp_path / "m" / "durations.json"))
     assert durations["old-cell"] == 9.0 and durations[CELLS[2]] == 4.0
 
 

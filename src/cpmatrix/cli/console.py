@@ -78,7 +78,10 @@ def _failure_block(key: str, r: Result) -> list[str]:
     kind = r.kind.value if r.kind else "-"
     lines = [f"{r.status.label} {key}", f"  kind: {kind}   rank(s): {ranks}"
              + (f"   attempts: {r.attempts}" if r.attempts > 1 else "")]
-    if r.message:
+    if r.runs:  # --runs-per-test: the counts first, then each run that did not pass
+        lines.append(f"  runs: {r.runs_passed}/{r.runs} passed")
+        lines += [f"  {line}" for line in r.run_failures]
+    elif r.message:
         lines.append(f"  {r.message}")
     for f in r.failures[:2]:
         lines.append(f"  rank {f.rank}: {f.message.splitlines()[0] if f.message else ''}"

@@ -35,7 +35,7 @@ __all__ = ["LogStreamer", "add_parsers", "run"]
 
 #: Settings that mean nothing for one cell run once (the cache too: a repro always runs).
 _NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "order", "no_cache",
-                  "cache_dir", "plain")
+                  "cache_dir", "plain", "runs_per_test")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -30,7 +30,12 @@ from cpmatrix.run.plan import slot_plan
 from cpmatrix.run.provenance import cell_digests, run_source
 from cpmatrix.run.session import run_cells
 from cpmatrix.run.setup import devices_for, pack_spec, prepare_run
-from cpmatrix.run.sharding import recorded_durations, take_shard, write_empty_report
+from cpmatrix.run.sharding import (
+    recorded_durations,
+    recorded_history,
+    take_shard,
+    write_empty_report,
+)
 from cpmatrix.run.slurm import slurm_missing, slurm_plan, slurm_scheduling, slurm_worlds
 from cpmatrix.run.stopping import exit_code_for, stop_on_signals
 
@@ -107,13 +112,17 @@ def run(args: argparse.Namespace) -> int:
             worlds = slurm_worlds(prepared.cells, recorded_durations(options, out), jobs)
             print(f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
                   f"--out {out} must be shared with the nodes)", flush=True)
+        if options.runs_per_test > 1:
+            print(f"runs per test: {options.runs_per_test} (each of the {len(prepared.cells)} "
+                  "cells runs that often; runs that disagree make it FLAKY)", flush=True)
         progress = Progress(force_plain=options.plain)
         with stop_on_signals() as stopper:
             try:
                 report = run_cells(
                     prepared.cells, prepared.platforms, context,
                     batch_size=options.batch_size, jobs=jobs, worlds=worlds, wrap_job=wrap_job,
-                    recorded=recorded_durations(options, out) if options.durations else None,
+                    recorded=recorded_history(options) if options.durations else None,
+                    runs=options.runs_per_test,
                     devices=devices, mutants=prepared.mutants,
                     keep_order=options.keep_order, cached=prepared.cached,
                     store=prepared.store, on_start=progress.start,
@@ -171,13 +180,15 @@ def _dry_run(cells: list[Cell], platforms: Mapping[str, Platform], options: RunO
     slots = (slurm_worlds(fits, durations, options.max_jobs) if options.scheduler == "slurm"
              else options.jobs)
     pack = pack_spec(options, platforms.values(), devices=devices)
-    plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex],
+    runs = options.runs_per_test  # each run is an entry of the plan, as in a real run
+    plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex for _ in range(runs)],
                           durations=durations, batch_size=options.batch_size,
                           keep_order=options.keep_order, mutants=None, worlds=slots,
                           pack=pack))
              for ex in reversed(EXECUTORS)]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
-    print(f"plan: {len(fits)} cells in {jobs or 'no jobs'} (runner: {options.runner})")
+    times = f" x {runs} runs" if runs > 1 else ""
+    print(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} (runner: {options.runner})")
     for ex, batches in plans:
         for b in batches:
             print(ex.describe(b))

@@ -94,6 +94,8 @@ class CellSpec(_Json):
     timeout_s: int = 300
     #: The planted bug switched on for this run ("" for none).
     mutant: str = ""
+    #: Which run of the cell (``--runs-per-test``): 1..N; its seed derives from it.
+    run_number: int = 1
     #: The file the cell's digest covers; the worker refuses to run another.
     case_file: str = ""
     #: For compile cells: the kernel's compile spec (``SpillBlock.for_cell``).

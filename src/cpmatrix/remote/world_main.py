@@ -160,7 +160,7 @@ def run_cell(
 
     out_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    seed = seed_for(spec.id)
+    seed = seed_for(spec.id, spec.run_number)
     started = time.time()
     failure: dict[str, str] = {}
     ctx: CellContext | None = None
@@ -189,6 +189,7 @@ def run_cell(
             dtype_name=spec.dtype, autocast=spec.autocast, path=spec.path, level=spec.level,
             params=dict(spec.params), seed=seed, generator=generator, out_dir=out_dir,
             platform=spec.platform, target=spec.target, mutant=spec.mutant or None,
+            run_number=spec.run_number,
         )
         ctx.record("case_file", case_file)  # which file ran: the one the digest covers
         if ledger is not None:

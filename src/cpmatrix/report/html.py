@@ -5,7 +5,10 @@ the grid: one row per target (grouped by level), one column per mesh, and in eac
 cell one small square per cell, in a row per dtype, colored by status. Hovering a square
 shows its evidence (errors against tolerance, spill bytes, failing ranks, message);
 clicking pins it in a panel, and ``report.html#cell=<id>`` opens a cell directly. Mutant
-runs are listed with the kill rate. All text from the report is escaped.
+runs are listed with the kill rate. A cell whose kept history (``durations.json`` beside
+the report, :mod:`cpmatrix.report.history`) both passed and failed is marked *flipped*:
+a dashed ring on its square, a line in its hover text, and a list under the totals.
+All text from the report is escaped.
 
 Example::
 
@@ -20,12 +23,13 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from cpmatrix.fsutil import atomic_write_bytes
 from cpmatrix.matrix.schema import DTYPES, LEVELS
+from cpmatrix.report.history import CellHistory, load_histories
 from cpmatrix.report.read import ReportCell, read_report
 from cpmatrix.result import Status
 
@@ -104,6 +108,8 @@ def hover_text(cell: ReportCell, mutants: Sequence[ReportCell] = ()) -> str:
     head = f"{cell.status.value.upper()}  {cell.cell_id}"
     lines = [head, f"{cell.axis('dtype')} · autocast={cell.axis('autocast')} · "
              f"{cell.axis('path')}" + (f" · {cell.axis('params')}" if cell.axis('params') else "")]
+    if p.get("runs"):
+        lines.append(f"runs: {p.get('runs_passed', '?')}/{p['runs']} passed")
     if p.get("failing_ranks"):
         lines.append(f"failing ranks: {p['failing_ranks']}")
     if cell.headline or p.get("message"):
@@ -141,18 +147,22 @@ def _order(values: Iterable[str], known: Sequence[str]) -> list[str]:
     return [v for v in known if v in vals] + sorted(vals - set(known))
 
 
-def _square(index: int, cell: ReportCell, mutants: Sequence[ReportCell]) -> str:
+def _square(index: int, cell: ReportCell, mutants: Sequence[ReportCell], flip: str = "") -> str:
     # The glyph tells squares of one dtype row apart without hovering.
     glyph = ("a" if cell.axis("autocast") == "on" else "") + (
         "k" if cell.axis("path") == "kernel" else "")
     survived = any(m.evidence.get("mutant_outcome") != "killed" for m in mutants)
     extra = ' data-mutants="survived"' if survived else ""
+    if flip:
+        extra += ' data-flipped="1"'
+    title = hover_text(cell, mutants) + (f"\n{flip}" if flip else "")
     return (f'<button class="sq" type="button" data-i="{index}" '
-            f'data-status="{cell.status.value}"{extra} title="{_e(hover_text(cell, mutants))}">'
+            f'data-status="{cell.status.value}"{extra} title="{_e(title)}">'
             f"{_e(glyph)}</button>")
 
 
-def _grid(cells: Sequence[ReportCell], mutants: dict[str, list[ReportCell]]) -> str:
+def _grid(cells: Sequence[ReportCell], mutants: dict[str, list[ReportCell]],
+          flips: Mapping[str, str]) -> str:
     index = {id(c): i for i, c in enumerate(cells)}
     meshes = sorted({c.axis("mesh") or _NO_MESH for c in cells}, key=_mesh_key)
     platforms = {c.platform for c in cells}
@@ -166,14 +176,15 @@ def _grid(cells: Sequence[ReportCell], mutants: dict[str, list[ReportCell]]) -> 
         out.append(f'<tr class="level"><th colspan="{len(meshes) + 1}">'
                    f"{_e(level or 'other')}</th></tr>")
         for key in sorted(k for k in rows if k[0] == level):
-            out.append(_grid_row(key, rows[key], meshes, len(platforms) > 1, index, mutants))
+            out.append(_grid_row(key, rows[key], meshes, len(platforms) > 1, index, mutants,
+                                 flips))
     out.append("</tbody></table>")
     return "".join(out)
 
 
 def _grid_row(key: tuple[str, str, str], cells: list[ReportCell], meshes: list[str],
               show_platform: bool, index: dict[int, int],
-              mutants: dict[str, list[ReportCell]]) -> str:
+              mutants: dict[str, list[ReportCell]], flips: Mapping[str, str]) -> str:
     _, target, platform = key
     counts = Counter(c.status for c in cells)
     summary = " ".join(f'<span class="n" data-status="{s.value}">{counts[s]}</span>'
@@ -195,8 +206,8 @@ def _grid_row(key: tuple[str, str, str], cells: list[ReportCell], meshes: list[s
         for dtype in _order({c.axis("dtype") for c in here}, DTYPES):
             group = sorted((c for c in here if c.axis("dtype") == dtype),
                            key=lambda c: (c.axis("path"), c.axis("autocast"), c.axis("params")))
-            squares = "".join(_square(index[id(c)], c, mutants.get(c.cell_id, ()))
-                              for c in group)
+            squares = "".join(_square(index[id(c)], c, mutants.get(c.cell_id, ()),
+                                      flips.get(c.cell_id, "")) for c in group)
             out.append(f'<div class="dt"><span class="dtl">{_e(dtype or "·")}</span>'
                        f"{squares}</div>")
         out.append("</td>")
@@ -301,11 +312,24 @@ def _data(cells: Sequence[ReportCell], mutants: dict[str, list[ReportCell]]) -> 
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render_html(cells: Sequence[ReportCell], source: str = "") -> str:
+def _flipped(cells: Sequence[ReportCell], flips: Mapping[str, str]) -> str:
+    """The cells of the report whose history flipped, one line each (nothing when none)."""
+    mine = [(c.cell_id, flips[c.cell_id]) for c in cells if c.cell_id in flips]
+    if not mine:
+        return ""
+    items = "".join(f'<li><code>{_e(cell)}</code>: {_e(line)}</li>' for cell, line in mine)
+    return (f'<section id="flipped"><h2>Flipped in their history ({len(mine)})</h2>'
+            f"<ul>{items}</ul></section>")
+
+
+def render_html(cells: Sequence[ReportCell], source: str = "",
+                history: Mapping[str, CellHistory] | None = None) -> str:
     """The page for a report's cells (mutant runs are told apart by their name).
 
-    ``source``: the report's path, shown under the title.
+    ``source``: the report's path, shown under the title; ``history``: the cells' recorded
+    runs (those that flipped are marked).
     """
+    flips = {c: line for c, h in (history or {}).items() if (line := h.flip_summary())}
     title = "cpmatrix report"
     plain = [c for c in cells if not c.mutant]
     runs = [c for c in cells if c.mutant]
@@ -320,17 +344,19 @@ def render_html(cells: Sequence[ReportCell], source: str = "") -> str:
                      for s in Status)
     if runs:
         legend += '<span class="lg"><i class="ring"></i>a mutant survived</span>'
+    if any(c.cell_id in flips for c in plain):
+        legend += '<span class="lg"><i class="flip"></i>flipped in its history</span>'
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f'<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<style>{_CSS}{css_status}</style></head><body>"
         f'<header><h1>{_e(title)} <span class="src">{_e(source)}</span></h1>'
         f"{_totals(plain, runs)}</header><main>"
-        f"{_failures(plain)}"
+        f"{_failures(plain)}{_flipped(plain, flips)}"
         f'<section id="matrix"><h2>Matrix</h2><p class="legend">{legend}'
         '<span class="hint">one square per cell, a row per dtype; <b>a</b> autocast on, '
         "<b>k</b> kernel path; hover for evidence, click to pin</span></p>"
-        f'{_grid(plain, mutants)}<aside id="detail" hidden></aside></section>'
+        f'{_grid(plain, mutants, flips)}<aside id="detail" hidden></aside></section>'
         f"{_mutants(runs)}</main>"
         f'<script type="application/json" id="cpm-data">{_data(plain, mutants)}</script>'
         f"<script>{_JS}</script></body></html>"
@@ -342,7 +368,9 @@ def write_html(report: Path, out: Path) -> None:
 
     Raises :class:`cpmatrix.gate.ReportError` for an unreadable report.
     """
-    page = render_html(read_report(report), source=os.fspath(report))
+    # The history beside the report (a run's or a merge's --out); none is no mark.
+    history = load_histories(report.with_name("durations.json"))
+    page = render_html(read_report(report), source=os.fspath(report), history=history)
     atomic_write_bytes(os.fspath(out), page.encode("utf-8"))
 
 
@@ -402,6 +430,8 @@ td.empty{background:repeating-linear-gradient(45deg,#fff,#fff 4px,#f6f8fa 4px,#f
 color:rgba(255,255,255,.9);font:700 9px ui-monospace,monospace;cursor:pointer}
 .sq[data-status=cached],.sq[data-status=skipped]{color:#1f2328}
 .sq[data-mutants=survived]{outline:2px solid #f08c00;outline-offset:1px}
+.sq[data-flipped]{box-shadow:inset 0 0 0 2px #fff;border:2px dashed #1f2328}
+.lg i.flip{background:#fff;border:2px dashed #1f2328}
 .sq:hover,.sq.sel{outline:2px solid #1f2328;outline-offset:1px}
 #detail{position:fixed;right:16px;bottom:16px;width:min(560px,calc(100vw - 32px));
 max-height:60vh;overflow:auto;z-index:3;border:1px solid #d0d7de;border-left:5px solid var(--c);

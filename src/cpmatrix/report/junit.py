@@ -80,6 +80,11 @@ def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
         props.append(("failing_ranks", ",".join(map(str, result.failing_ranks))))
     if result.mutant:
         props.append(("mutant", result.mutant))
+    if result.runs:  # --runs-per-test N: the counts, and what each failing run said
+        props += [("runs", str(result.runs)), ("runs_passed", str(result.runs_passed)),
+                  ("runs_failed", str(result.runs - result.runs_passed))]
+        props += [(f"run_failure.{i}", line[:500])
+                  for i, line in enumerate(result.run_failures, 1)]
     if result.message:
         props.append(("message", result.message[:500]))
     # What the result was computed from: the gate checks source.digest against the
@@ -95,6 +100,7 @@ def _failure_text(result: Result) -> str:
     parts: list[str] = []
     if result.message:
         parts.append(result.message)
+    parts += [f"--- {line}" for line in result.run_failures]
     for f in result.failures:
         check = f" [check: {f.check}]" if f.check else ""
         parts.append(f"--- rank {f.rank}: {f.message}{check}")

@@ -24,6 +24,8 @@ cpmatrix's version, the git commit; each result carries its own, see
   ``interrupted`` saying which shard should have run it: never silently dropped, and
   no gate policy can allow it;
 - folders of different selections (another matrix, another N) are refused (exit 2).
+- **histories** (``durations.json``, :mod:`cpmatrix.report.history`): each cell's kept
+  runs united over the folders (a run several hold counts once), the last ones kept.
 
 Example::
 
@@ -37,7 +39,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ from junitparser import JUnitXml, TestSuite
 
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.report.history import CellHistory, history_json, load_histories, merge_histories
 from cpmatrix.report.junit import results_to_junit, write_suites
 from cpmatrix.result import FailureKind, RankFailure, Result, Status, testcase_name
 
@@ -254,15 +257,11 @@ def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
     suite_of: dict[str, str] = {}
     duplicates: list[str] = []
     conflicts: list[str] = []
-    # Every shard's recorded durations (its history included): the next sharding needs
-    # them all, so the merged folder can seed the next release's shards.
-    durations: dict[str, float] = {}
+    # Every shard's recorded durations and runs (the baseline it started from included):
+    # the next sharding needs them all, so the merged folder can seed the next release's
+    # shards, and the flake history is the union of the shards' runs.
+    history = merge_histories(load_histories(f.path / "durations.json") for f in read)
     for f in read:
-        try:
-            recorded = _read_json(f.path / "durations.json")
-            durations.update({str(k): float(v) for k, v in recorded.items()})
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass
         by_name = {case.name: (suite.name, case) for suite in f.xml for case in suite}
         for r in f.rows:
             name = testcase_name(r.cell_id, r.mutant)
@@ -293,7 +292,7 @@ def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
         message=f"missing: no merged folder reported this cell (it belongs to shard "
         f"{first.owner(c)}/{first.of})" if first is not None else "",
         source={"digest": claimed[c]} if c in claimed else {}) for c in missing]
-    _write(out, results, cases, suite_of, missing_results, durations)
+    _write(out, results, cases, suite_of, missing_results, history)
     sources = [f for f in read if f.source is not None]
     atomic_write_json(out / "run.json", {
         "run_id": "merged",
@@ -327,7 +326,7 @@ def _read_folder(folder: Path, warnings: list[str]) -> tuple[list[Result], JUnit
 
 def _write(out: Path, results: dict[str, Result], cases: dict[str, Any],
            suite_of: dict[str, str], missing: list[Result],
-           durations: dict[str, float]) -> None:
+           history: dict[str, CellHistory]) -> None:
     """report.xml (the shards' own testcases, evidence and all), results.json, durations."""
     out.mkdir(parents=True, exist_ok=True)
     suites: dict[str, TestSuite] = {}
@@ -348,6 +347,10 @@ def _write(out: Path, results: dict[str, Result], cases: dict[str, Any],
     write_suites(suites, out / "report.xml", run_id="merged")
     ordered = [*results.values(), *missing]
     atomic_write_json(out / "results.json", [r.to_dict() for r in ordered])
-    atomic_write_json(out / "durations.json", {**durations, **{
-        r.cell_id: round(r.duration_s, 4) for r in ordered
-        if r.status is Status.PASSED and not r.mutant}})
+    # The runs are the shards' (already in their histories); a passing result's seconds
+    # are the cell's duration all the same (a shard whose durations.json was lost).
+    for r in ordered:
+        if r.status is Status.PASSED and not r.mutant:
+            old = history.get(r.cell_id, CellHistory())
+            history[r.cell_id] = replace(old, duration_s=round(r.duration_s, 4))
+    atomic_write_json(out / "durations.json", history_json(history))

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.result import testcase_name
 
-__all__ = ["Entry", "cell_folder"]
+__all__ = ["RUN_MARK", "Entry", "cell_folder"]
+
+#: Separates a cell's testcase name from its run number in an entry key (internal: the
+#: report combines a cell's runs into one testcase).
+RUN_MARK = "#run="
 
 #: File names may hold 255 bytes; an id longer than this gets a digest-based name.
 _MAX_FOLDER_BYTES = 160
@@ -37,14 +41,22 @@ class Entry:
     cell: Cell
     mutant: str = ""
     attempt: int = 1
+    #: ``--runs-per-test N`` (N > 1): which run of the cell this is, 1..N; 0 for a cell's
+    #: only run (its key and folder are then a plain run's).
+    run: int = 0
 
     @property
     def key(self) -> str:
-        """The testcase name: unique within a run."""
-        return testcase_name(self.cell.id, self.mutant)
+        """Unique within a run: the testcase name, and ``#run=K`` for one of N runs (the
+        report holds one testcase per cell, its runs combined)."""
+        name = testcase_name(self.cell.id, self.mutant)
+        return f"{name}{RUN_MARK}{self.run}" if self.run else name
 
     @property
     def out_dir(self) -> str:
-        """The cell's folder, relative to the run's output folder."""
+        """The cell's folder, relative to the run's output folder (``run-K`` below it for
+        one of N runs)."""
         base = f"cells/{cell_folder(self.cell.id)}"
-        return f"{base}/mutant-{cell_folder(self.mutant)}" if self.mutant else base
+        if self.mutant:
+            base = f"{base}/mutant-{cell_folder(self.mutant)}"
+        return f"{base}/run-{self.run}" if self.run else base

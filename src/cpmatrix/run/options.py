@@ -127,6 +127,12 @@ class RunOptions:
         "--dump-wait", "seconds between asking a hung world for its stacks and killing it",
         metavar="S", type=float))
 
+    runs_per_test: int = field(default=1, metadata=_flag(
+        "--runs-per-test", "run each selected cell N times (run numbers 1..N, each its own "
+        "seed; run 1 keeps a plain run's): a cell whose runs disagree is FLAKY, one that "
+        "fails them all fails; the result cache is off (default: %(default)s)",
+        metavar="N", type=int))
+
     shard: str | None = field(default=None, metadata=_flag(
         "--shard", "run only the K-th of N time-balanced shards of the selection (CI job "
         "matrices; merge the shards' --out folders with `cpmatrix merge`)", metavar="K/N"))
@@ -157,6 +163,12 @@ class RunOptions:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.jobs < 1:
             raise UsageError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.runs_per_test < 1:
+            raise UsageError(f"--runs-per-test must be >= 1, got {self.runs_per_test}")
+        if self.runs_per_test > 1 and self.mutants:
+            raise UsageError("--runs-per-test N (N > 1) cannot be combined with --mutants: a "
+                             "mutant is judged against one run of its cell (measure the "
+                             "cells' flakiness first, then score mutants)")
         if self.max_jobs < 1:
             raise UsageError(f"--max-jobs must be >= 1, got {self.max_jobs}")
         if self.shard is not None:

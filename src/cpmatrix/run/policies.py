@@ -5,6 +5,8 @@
   same run (a cell that fails anyway kills every bug planted in it, honestly or not).
 - :class:`CrashRetry`: a crashed cell is run again alone, once; passing then makes it
   FLAKY, failing again keeps the first crash (with both stories in the message).
+- :func:`combine_runs`: the N runs of a cell (``--runs-per-test N``) as one verdict,
+  Bazel's ``--runs_per_test_detects_flakes``: some runs failed -> FLAKY, all -> failed.
 
 Example::
 
@@ -18,12 +20,16 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from cpmatrix.result import FailureKind, Result, Status
+from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.entry import Entry
 
-__all__ = ["CrashRetry", "interpret_mutant"]
+__all__ = ["CrashRetry", "combine_entries", "combine_runs", "interpret_mutant", "next_run"]
+
+#: Runs that ended without a verdict of their own: they count neither way.
+_NO_VERDICT = (Status.INTERRUPTED, Status.INFRA, Status.SKIPPED)
 
 
 def interpret_mutant(result: Result, base: Result | None) -> Result:
@@ -96,3 +102,74 @@ class CrashRetry:
             self.first_crash[key] = result
             return None, replace(entry, attempt=2)
         return result, None
+
+
+def combine_runs(runs: Sequence[Result]) -> Result:
+    """One verdict for the runs of a cell (in run order), carrying the counts.
+
+    PASSED: every run passed. FLAKY: the runs disagree (some passed, some did not; or a
+    run passed only when retried alone). Failed (the first failing run's status, kind and
+    ranks): every run failed. A run with no verdict (interrupted, infra) makes the cell
+    that status when the others agree: the measurement is incomplete, never a pass.
+
+    >>> ok, bad = Result(cell_id="c", status=Status.PASSED), Result(
+    ...     cell_id="c", status=Status.FAILED, message="boom")
+    >>> r = combine_runs([ok, bad, ok])
+    >>> r.status, r.runs, r.runs_passed, r.run_failures
+    (<Status.FLAKY: 'flaky'>, 3, 2, ('run 2: failed on rank ?: boom',))
+    >>> combine_runs([bad, bad]).status, combine_runs([ok, ok]).status
+    (<Status.FAILED: 'failed'>, <Status.PASSED: 'passed'>)
+    """
+    assert runs, "a cell has at least one run"
+    passed = [r for r in runs if r.status is Status.PASSED]
+    judged = [r for r in runs if r.status not in _NO_VERDICT]
+    failed = [r for r in judged if r.status is not Status.PASSED]
+    lines = tuple(f"run {i}: {r.headline()}" for i, r in enumerate(runs, 1)
+                  if r.status is not Status.PASSED)
+    counts = f"{len(passed)}/{len(runs)} runs passed"
+    mean_s = sum(r.duration_s for r in runs) / len(runs)
+    common = {"runs": len(runs), "runs_passed": len(passed), "run_failures": lines,
+              "duration_s": round(mean_s, 4), "attempts": max(r.attempts for r in runs)}
+    if failed and (passed or any(r.status is Status.FLAKY for r in failed)):
+        return replace(failed[0], status=Status.FLAKY, **common,  # type: ignore[arg-type]
+                       message=f"flaky: {counts}; " + "; ".join(lines))
+    if len(judged) < len(runs):
+        first = next(r for r in runs if r.status in _NO_VERDICT)
+        return replace(first, **common,  # type: ignore[arg-type]
+                       message=f"{first.message} ({counts}, {len(runs) - len(judged)} "
+                       "without a verdict)")
+    if not failed:
+        return replace(runs[0], **common, message=f"{counts}")  # type: ignore[arg-type]
+    return replace(failed[0], **common,  # type: ignore[arg-type]
+                   message=f"failed every run ({counts}): " + "; ".join(lines))
+
+
+def next_run(numbers: dict[str, int], cell_id: str) -> int:
+    """The next run number of ``cell_id`` (1, 2, ...), counted in ``numbers``."""
+    numbers[cell_id] = numbers.get(cell_id, 0) + 1
+    return numbers[cell_id]
+
+
+def combine_entries(planned: Sequence[Entry], results: Mapping[str, Result],
+              by_batch: Mapping[str, list[str]],
+              ) -> tuple[dict[str, Result], dict[str, list[str]]]:
+    """Each cell's runs as one result under its testcase name (in plan order), and the
+    batches holding them (each cell in the batch of its first run)."""
+    runs: dict[str, list[tuple[int, Result]]] = {}
+    name_of: dict[str, str] = {}
+    for e in planned:
+        name = testcase_name(e.cell.id, e.mutant)
+        name_of[e.key] = name
+        runs.setdefault(name, []).append((e.run, results[e.key]))
+    combined = {name: combine_runs([r for _, r in sorted(rs, key=lambda nr: nr[0])])
+                if any(n for n, _ in rs) else rs[0][1]  # a cached or skipped cell: as is
+                for name, rs in runs.items()}
+    batches: dict[str, list[str]] = {}
+    placed: set[str] = set()
+    for batch, keys in by_batch.items():
+        for key in keys:
+            name = name_of.get(key, key)
+            if name not in placed:
+                placed.add(name)
+                batches.setdefault(batch, []).append(name)
+    return combined, batches

@@ -6,10 +6,13 @@ makes the jobs that run them; fault handling lives in the executors, what a resu
 means in :mod:`cpmatrix.run.policies`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
-once alone (passed on retry -> FLAKY); a world that cannot start is retried twice
-and then its cells fail with the launcher's error; the report is written atomically,
-in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells ``interrupted``) and after an
-internal error of cpmatrix (unfinished cells ``crash``, the error named, then re-raised).
+once alone (passed on retry -> FLAKY); with ``runs=N`` every cell is planned N times
+(runs 1..N, packed like any cells) and its runs are combined into one result
+(:func:`~cpmatrix.run.policies.combine_runs`: disagreeing runs -> FLAKY); a world that
+cannot start is retried twice and then its cells fail with the launcher's error; the
+report is written atomically, in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells
+``interrupted``) and after an internal error of cpmatrix (unfinished cells ``crash``, the
+error named, then re-raised).
 When the run ends, no process it started is left (see :mod:`cpmatrix.remote.procs`).
 """
 
@@ -26,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cpmatrix.fsutil import atomic_write_json, read_json
+from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.procs import (
     descendants,
@@ -35,13 +38,21 @@ from cpmatrix.remote.procs import (
     reap_orphans,
     set_child_subreaper,
 )
+from cpmatrix.report.history import (
+    CellHistory,
+    durations_of,
+    history_json,
+    load_histories,
+    merge_histories,
+    with_runs,
+)
 from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import EXECUTORS, Executor, Job, executor_for
 from cpmatrix.run.plan import DevicePool
-from cpmatrix.run.policies import CrashRetry, interpret_mutant
+from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.stopping import Stopper, StopRequested
 
 __all__ = ["RunReport", "load_durations", "run_cells"]
@@ -102,11 +113,8 @@ class RunReport:
 
 
 def load_durations(out_root: Path) -> dict[str, float]:
-    try:
-        data = read_json(out_root / "durations.json")
-        return {str(k): float(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
+    """The seconds each cell's last passing run took, from ``out_root``'s durations.json."""
+    return durations_of(load_histories(out_root / "durations.json"))
 
 
 @dataclass
@@ -141,7 +149,8 @@ def run_cells(
     stopper: Stopper | None = None,
     skipped: Sequence[tuple[Cell, str]] = (),
     wrap_job: Callable[[Job], Job] | None = None,
-    recorded: Mapping[str, float] | None = None,
+    recorded: Mapping[str, CellHistory] | None = None,
+    runs: int = 1,
 ) -> RunReport:
     """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
 
@@ -151,7 +160,12 @@ def run_cells(
 
     ``worlds``: how many worlds to split each platform's cells into (default ``jobs``).
 
-    ``recorded`` adds durations to plan by (``--durations``) to those of ``out``.
+    ``recorded`` adds histories (``--durations``) to those of ``out``: the durations to
+    plan by, and the runs the history written to ``out`` starts from.
+
+    ``runs`` (``--runs-per-test``): each cell runs that many times (run numbers 1..N),
+    the report holds one result per cell, its runs combined (``Result.runs``,
+    ``runs_passed``); the history gets every run.
 
     ``skipped`` holds cells that are not run here, each with the reason (a cuda cell
     wider than the GPUs visible, see :func:`cpmatrix.run.plan.fit_to_devices`): no job is
@@ -168,7 +182,8 @@ def run_cells(
     for stale in ("worlds", "cells", "spill"):
         shutil.rmtree(out / stale, ignore_errors=True)
     # --durations (an earlier release's) first; this folder's own records win over it.
-    durations = {**(recorded or {}), **load_durations(out)}
+    history = merge_histories([recorded or {}, load_histories(out / "durations.json")])
+    durations = durations_of(history)
     # Worlds pack their cells onto their ranks by these (a handed-back rest included);
     # with --order by none, so that one order always gives one placement.
     planning = {} if context.pack.ordered else durations
@@ -179,14 +194,17 @@ def run_cells(
     hits = [c for c in cells if c.id in cached and not mutants]
     todo = [c for c in cells if not (c.id in cached and not mutants)]
     weights: dict[str, float] = {}
+    run_numbers: dict[str, int] = {}
     for executor in EXECUTORS:
-        mine = [c for c in todo if executor_for(c.kind) is executor]
+        mine = [c for c in todo if executor_for(c.kind) is executor for _ in range(runs)]
         for b in executor.plan(mine, durations=planning, batch_size=batch_size,
                                keep_order=keep_order,
                                worlds=jobs if worlds is None else worlds, pack=context.pack,
                                mutants=mutants if executor.supports_mutants else None):
             weights[b.name] = b.expected_s
-            entries = [Entry(cell=c, mutant=b.mutant_of(i)) for i, c in enumerate(b.cells)]
+            entries = [Entry(cell=c, mutant=b.mutant_of(i),
+                             run=next_run(run_numbers, c.id) if runs > 1 else 0)
+                       for i, c in enumerate(b.cells)]
             session.planned.extend(entries)
             session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
             session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
@@ -226,6 +244,11 @@ def run_cells(
     session.close_unfinished(stopped_by, internal)
 
     ordered = {e.key: session.results[e.key] for e in session.planned}
+    # Every run, before its cell's runs are combined: the history is the runs'.
+    history = with_runs(history, ordered.values(), at=time.time())
+    if runs > 1:
+        ordered, session.by_batch = combine_entries(session.planned, ordered,
+                                                     session.by_batch)
     cell_index = {c.id: c for c in (*cells, *(c for c, _ in skipped))}
     world_files = []
     for batch, keys in session.by_batch.items():
@@ -236,11 +259,7 @@ def run_cells(
     merge_junit(world_files, report, run_id=context.run_id,
                 properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
-    new_durations = dict(durations)
-    for r in ordered.values():
-        if r.status is Status.PASSED and not r.mutant:
-            new_durations[r.cell_id] = round(r.duration_s, 4)
-    atomic_write_json(out / "durations.json", new_durations)
+    atomic_write_json(out / "durations.json", history_json(history))
     if internal is not None:
         raise internal
     return RunReport(

@@ -138,8 +138,14 @@ def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
         abort_grace_s=options.abort_grace_s, startup_timeout_s=options.startup_timeout_s,
         dump_wait_s=options.dump_wait_s, teardown_grace_s=options.teardown_grace_s,
         dead_rank_grace_s=options.dead_rank_grace_s,
-        compile_cache=None if options.no_cache else cache_root(options) / "spill",
+        compile_cache=None if _uncached(options) else cache_root(options) / "spill",
     )
+
+
+def _uncached(options: RunOptions) -> bool:
+    """Whether the run neither reuses nor stores results: ``--no-cache``, or
+    ``--runs-per-test N`` with N > 1 (a measurement: every run must really run)."""
+    return options.no_cache or options.runs_per_test > 1
 
 
 def cache_root(options: RunOptions) -> Path:
@@ -211,8 +217,9 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
                  ) -> tuple[dict[str, Result], Store | None, str, CacheLayers | None]:
     """Cached passes for ``cells``, a function that stores new passes, a line on the
     lookup, and the cache's layers (local, remote) to finish after the run."""
-    if options.no_cache:
-        return {}, None, "", None
+    if _uncached(options):
+        return {}, None, ("" if options.no_cache else f"cache: off (--runs-per-test "
+                          f"{options.runs_per_test}: every run runs, none is stored)"), None
     t0 = time.monotonic()
     hashes = ReadHashes()
     cache = ResultCache(cache_root(options), hashes, anchors)

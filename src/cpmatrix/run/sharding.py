@@ -13,20 +13,20 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell
+from cpmatrix.report.history import CellHistory, durations_of, read_histories
 from cpmatrix.report.junit import merge_junit
 from cpmatrix.report.merge import ShardManifest, selection_digest
 from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.session import load_durations
 
-__all__ = ["recorded_durations", "take_shard", "write_empty_report"]
+__all__ = ["recorded_durations", "recorded_history", "take_shard", "write_empty_report"]
 
 
 def recorded_durations(options: RunOptions, out: Path) -> dict[str, float]:
@@ -34,12 +34,19 @@ def recorded_durations(options: RunOptions, out: Path) -> dict[str, float]:
     shards would silently stop being balanced), else ``--out``'s own durations.json."""
     if options.durations is None:
         return load_durations(out)
-    path = Path(options.durations)
+    return durations_of(recorded_history(options))
+
+
+def recorded_history(options: RunOptions) -> dict[str, CellHistory]:
+    """``--durations FILE``'s histories (either form of the file; see
+    :mod:`cpmatrix.report.history`), or a usage error naming the file."""
+    path = Path(options.durations or "durations.json")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return {str(k): float(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        return read_histories(path)
+    except OSError as exc:
         raise UsageError(f"--durations {path}: not a durations.json ({exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"--durations: not a durations.json: {exc}") from None
 
 
 def take_shard(cells: Sequence[Cell], spec: str, durations: Mapping[str, float]

@@ -77,7 +77,7 @@ def cell_spec(entry: Entry) -> CellSpec:
         kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
         dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
         platform=cell.platform, timeout_s=cell.timeout_s, mutant=entry.mutant,
-        out_dir=entry.out_dir,
+        out_dir=entry.out_dir, run_number=max(entry.run, 1),
     )
 
 
