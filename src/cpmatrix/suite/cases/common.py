@@ -261,7 +261,7 @@ def model_view(features: Mapping[str, torch.Tensor], mesh: Any, *,
 
 def data_module(cell: Any, distributor: Any, *, n_tokens: int,
                 feature_subset: Sequence[str] | None = None,
-                need_masked_token: bool = False, samples: int = 8) -> FeatureBatch:
+                need_masked_token: bool = False, samples: int = 64) -> FeatureBatch:
     """The cell's sample from the shared DataModule, through ``distributor``.
 
     ``need_masked_token``: take the first of ``samples`` samples whose ``token_mask`` masks
