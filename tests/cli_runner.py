@@ -25,11 +25,37 @@ def run_cli(*args: str, timeout: float = 600, env: Mapping[str, str] | None = No
     )
 
 
+#: Runs :func:`start_cli` started and nobody reaped yet: ``tests/conftest.py`` ends them
+#: after each test, so a test that fails before its ``wait`` leaves no run behind (a
+#: leftover would hold cores and fail a later test with a ResourceWarning).
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
 def start_cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
     """``python -m cpmatrix ARGS`` in the background, output to ``log``."""
     with open(log, "wb") as f:
-        return subprocess.Popen([sys.executable, "-m", "cpmatrix", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "cpmatrix", *args],
                                 stdout=f, stderr=subprocess.STDOUT)
+    STARTED.append(proc)
+    return proc
+
+
+def reap_started(grace: float = 30.0) -> list[int]:
+    """End every run :func:`start_cli` started that is still going (SIGTERM, then SIGKILL
+    after ``grace``; cpmatrix ends its worlds on SIGTERM) and reap all; the pids it had
+    to end."""
+    ended = []
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            ended.append(proc.pid)
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.wait()
+    return ended
 
 
 def wait_for(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from cli_runner import reap_started
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -19,3 +22,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Subprocesses (the real CLI) inherit this: cached passes never leak between tests.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test() -> Iterator[None]:
+    # A test that failed before waiting for a run it started (a timeout in wait_for)
+    # would leave it holding the cores, and its Popen's ResourceWarning would fail
+    # whichever test runs when it is collected.
+    yield
+    reap_started()
