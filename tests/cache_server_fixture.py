@@ -6,29 +6,18 @@ Tests that need it skip when nginx is not installed, except under
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cache_server", ROOT / "tools" /
-                                                  "cache_server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cache_server"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cache_server = _load()
+cache_server = load_script("tools/cache_server.py", "cache_server")
 
 
 def need_nginx() -> None:

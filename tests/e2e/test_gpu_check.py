@@ -7,7 +7,6 @@ the script's own job on a GPU host; see docs/gpu.md.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ import pytest
 
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
+from script_modules import load_script
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
@@ -163,12 +163,7 @@ def test_the_world_matrix_has_one_trivial_cell_per_backend() -> None:
 # --- the summary ------------------------------------------------------------------------
 
 def summarize_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gpu_check_summarize", ROOT / "scripts" / "gpu_check" / "summarize.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/gpu_check/summarize.py", "gpu_check_summarize")
 
 
 def fake_out(out: Path, steps: dict[str, int]) -> Path:

@@ -149,12 +149,17 @@ def test_without_credentials_a_guarded_server_is_off_with_a_clear_warning(guarde
     assert len(warnings) == 1 and "401 Unauthorized" in warnings[0]
 
 
-def test_netrc_credentials_are_used_and_never_shown(guarded: Any, tmp_path: Path) -> None:
+def _netrc(tmp_path: Path, password: str) -> dict[str, str]:
+    """The environment naming a netrc file that gives user ``ci`` this password."""
     netrc = tmp_path / "netrc"
-    netrc.write_text("machine 127.0.0.1 login ci password s3cret\n")
+    netrc.write_text(f"machine 127.0.0.1 login ci password {password}\n")
     netrc.chmod(0o600)
+    return {"NETRC": str(netrc)}
+
+
+def test_netrc_credentials_are_used_and_never_shown(guarded: Any, tmp_path: Path) -> None:
     warnings: list[str] = []
-    client = _client(guarded, env={"NETRC": str(netrc)}, warnings=warnings)
+    client = _client(guarded, env=_netrc(tmp_path, "s3cret"), warnings=warnings)
     assert client.put_action(KEY, OUTPUTS)
     assert client.get_action(KEY) == OUTPUTS
     assert warnings == []
@@ -162,11 +167,8 @@ def test_netrc_credentials_are_used_and_never_shown(guarded: Any, tmp_path: Path
 
 
 def test_a_wrong_password_is_off_not_a_crash(guarded: Any, tmp_path: Path) -> None:
-    netrc = tmp_path / "netrc"
-    netrc.write_text("machine 127.0.0.1 login ci password wrong\n")
-    netrc.chmod(0o600)
     warnings: list[str] = []
-    client = _client(guarded, env={"NETRC": str(netrc)}, warnings=warnings)
+    client = _client(guarded, env=_netrc(tmp_path, "wrong"), warnings=warnings)
     assert not client.put_action(KEY, OUTPUTS)
     assert "401" in warnings[0] and "wrong" not in warnings[0]
 

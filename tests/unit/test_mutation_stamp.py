@@ -7,30 +7,19 @@ tool itself is the one recorded with it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from script_modules import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutation_score", ROOT / "tools" /
-                                                  "mutation_score.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutation_score"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _tool()
+tool = load_script("tools/mutation_score.py", "mutation_score")
 MODULE = "src/cpmatrix/parity/tolerance.py"
 
 

@@ -11,36 +11,21 @@ cell that fails on purpose (``always_wrong``) shows a mutant NOT JUDGED.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli_runner import run_cli
+from world_runs import Run, read_run
 
 RES = Path(__file__).parents[1] / "resources" / "parity"
 ROOT = Path(__file__).parents[2]
 
 pytestmark = pytest.mark.slow
-
-
-@dataclass(frozen=True)
-class Run:
-    out: Path
-    returncode: int
-    stdout: str
-    results: list[dict[str, Any]]
-
-    def cell(self, target: str, mutant: str = "", dtype: str = "") -> dict[str, Any]:
-        found = [r for r in self.results if r["cell_id"].startswith(f"{target}[")
-                 and r["mutant"] == mutant and dtype in r["cell_id"]]
-        assert len(found) == 1, (target, mutant, [r["cell_id"] for r in found])
-        return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +35,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         [sys.executable, "-m", "cpmatrix", "run", "--matrix", str(RES / "real_models.yaml"),
          "--mutants", "--out", str(out), "--plain"],
         capture_output=True, text=True, timeout=600, check=False)
-    results = out / "results.json"
-    assert results.is_file(), proc.stdout + proc.stderr
-    yield Run(out, proc.returncode, proc.stdout, json.loads(results.read_text()))
+    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
 
 
 def _passed(r: dict[str, Any]) -> dict[str, Any]:
@@ -75,40 +58,40 @@ def test_finding_1_a_complex_rope_buffer_stays_complex_and_a_conjugated_rope_is_
     # the conjugated RoPE (a no-op on a real table) survived on every cell
     for target in ("llama_rope_tp", "llama_rope"):
         for dtype, want in (("fp64", "torch.complex128"), ("fp32", "torch.complex64")):
-            ev = _passed(run.cell(target, dtype=dtype))
+            ev = _passed(run.cell(f"{target}[", having=dtype))
             assert f"buffer freqs_cis: torch.complex64 -> {want}" in ev["parity.check.setup"]
             assert ev["parity.check.buffer"].startswith("ok:")
-            _killed(run.cell(target, "rope_conjugated", dtype), "output")
+            _killed(run.cell(f"{target}[", "rope_conjugated", dtype), "output")
 
 
 def test_finding_2_running_statistics_of_local_rows_are_killed_by_the_buffer_check(
     run: Run,
 ) -> None:
-    ev = _passed(run.cell("batchnorm"))
+    ev = _passed(run.cell("batchnorm["))
     assert ev["parity.check.buffer"].startswith("ok: 3 tensors within tolerance")
-    mutant = run.cell("batchnorm", "local_running_stats")
+    mutant = run.cell("batchnorm[", "local_running_stats")
     message = _killed(mutant, "buffer")
     assert "bn.running_mean: max abs" in message
     assert mutant["evidence"]["parity.check.output"].startswith("ok")  # forward still right
 
 
 def test_finding_3_tensors_inside_a_list_are_inputs_with_their_own_grads(run: Run) -> None:
-    ev = _passed(run.cell("list_inputs"))
+    ev = _passed(run.cell("list_inputs["))
     assert ev["parity.check.input_grad"].startswith("ok: 3 tensors within tolerance")
-    message = _killed(run.cell("list_inputs", "listed_grad_x3"), "input_grad")
+    message = _killed(run.cell("list_inputs[", "listed_grad_x3"), "input_grad")
     assert "xs.1: max abs" in message and "xs.0:" not in message
     assert "CP = 3 x serial everywhere" in message
 
 
 def test_finding_4_an_8192_long_bf16_softmax_without_its_all_reduce_fails(run: Run) -> None:
-    ev = _passed(run.cell("long_softmax"))
+    ev = _passed(run.cell("long_softmax["))
     assert ev["parity.judged_by"] == "twin: 2 tensors"
-    message = _killed(run.cell("long_softmax", "no_allreduce"), "output")
+    message = _killed(run.cell("long_softmax[", "no_allreduce"), "output")
     assert "|cp - twin|" in message and "fp64 twin" in message
 
 
 def test_finding_5_fsdp2_tp_llama_on_2x2_fp32_passes_with_no_loosening(run: Run) -> None:
-    ev = _passed(run.cell("llama_fsdp_tp"))
+    ev = _passed(run.cell("llama_fsdp_tp["))
     assert "parity.tolerance_reason" not in ev  # nothing loosened
     assert ev["parity.tolerance"].startswith("fp64 twin: |cp - twin| <= 4 x")
     assert ev["parity.twin"].startswith("ran")
@@ -122,16 +105,16 @@ def test_finding_6_loss_parallel_covers_the_cp_sides_backward(run: Run) -> None:
     # context=loss_parallel: forward, loss and backward inside it (main had no way: its
     # loss= wrapped the loss forward only, and backward mixed Tensor and DTensor)
     for dtype in ("fp64", "fp32"):
-        ev = _passed(run.cell("llama_rope", dtype=dtype))
+        ev = _passed(run.cell("llama_rope[", having=dtype))
         assert ev["parity.check.loss"].startswith("ok: 2 tensors within tolerance")
         assert "param output.weight over cp1" in ev["parity.sharded"]
 
 
 def test_finding_7_mutants_are_judged_only_against_a_passing_cell(run: Run) -> None:
     assert run.returncode == 1  # always_wrong fails on purpose
-    wrong = run.cell("always_wrong")
+    wrong = run.cell("always_wrong[")
     assert wrong["status"] == "failed"
-    unjudged = run.cell("always_wrong", "also_wrong")
+    unjudged = run.cell("always_wrong[", "also_wrong")
     assert unjudged["status"] == "not_judged"
     assert "its unmutated cell FAILED in this run" in unjudged["message"]
     mutant_statuses = {r["status"] for r in run.results if r["mutant"]}
@@ -147,7 +130,7 @@ def test_finding_7_mutants_are_judged_only_against_a_passing_cell(run: Run) -> N
 
 def test_finding_8_messages_say_what_is_wrong(run: Run) -> None:
     # a wrong output shape: one line, the grad checks skipped (not 21 "missing" grads)
-    shape = run.cell("tp_output_shape", "down_colwise")
+    shape = run.cell("tp_output_shape[", "down_colwise")
     message = _killed(shape, "replicated_identical")  # each rank returns its own columns
     assert shape["evidence"]["parity.failed"] == "replicated_identical,output"
     assert message.endswith("\n  out: shape (5, 4) != serial (5, 8)")  # one line
@@ -155,20 +138,20 @@ def test_finding_8_messages_say_what_is_wrong(run: Run) -> None:
     assert shape["evidence"]["parity.check.param_grad"].startswith(
         "skipped: no CP backward ran: the CP output's shape is wrong")
     # a uniform ratio: mean vs sum over an axis of that size (on 2x2 either one)
-    message = _killed(run.cell("llama_fsdp_tp", "fsdp_mean_grads"), "param_grad")
+    message = _killed(run.cell("llama_fsdp_tp[", "fsdp_mean_grads"), "param_grad")
     assert "CP = 0.5 x serial everywhere: mean vs sum over `cp0` or `cp1`?" in message
     # tied weights named as tied
-    message = _killed(run.cell("tied_embeddings", "not_retied"), "setup")
+    message = _killed(run.cell("tied_embeddings[", "not_retied"), "setup")
     assert message.startswith("ParityError: tied weights untied: emb.weight and out.weight")
     # the default placement of an input, stated in the error that needs it
-    placed = run.cell("tied_embeddings", "tokens_default_placement")
+    placed = run.cell("tied_embeddings[", "tokens_default_placement")
     assert placed["status"] == "killed"
     assert "got input ['tokens'] as a replicated DTensor" in placed["failures"][0]["traceback"]
     assert "placements={'tokens': None}" in placed["failures"][0]["traceback"]
     # no differentiable input: said plainly
-    ev = _passed(run.cell("llama_rope", dtype="fp64"))
+    ev = _passed(run.cell("llama_rope[", having="fp64"))
     assert ev["parity.check.nonzero"].startswith("ok")
-    tied = _passed(run.cell("tied_embeddings"))
+    tied = _passed(run.cell("tied_embeddings["))
     assert tied["parity.check.input_grad"] == (
         "skipped: no input takes a gradient (only integer inputs, requires_grad=False, or none)")
 

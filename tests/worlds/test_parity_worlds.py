@@ -10,39 +10,20 @@ the evidence the toolkit recorded, and names the planted bug it shows failing.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cpmatrix.parity import EntropyError, assert_entropy, load_fingerprints
+from world_runs import Run, read_run
 
 RES = Path(__file__).parents[1] / "resources" / "parity"
 
 pytestmark = pytest.mark.slow
-
-
-@dataclass(frozen=True)
-class Run:
-    out: Path
-    returncode: int
-    stdout: str
-    results: list[dict[str, Any]]
-
-    def cell(self, prefix: str, mutant: str = "") -> dict[str, Any]:
-        found = [r for r in self.results if r["cell_id"].startswith(prefix)
-                 and r["mutant"] == mutant]
-        assert len(found) == 1, (prefix, mutant, [r["cell_id"] for r in found])
-        return found[0]
-
-    def cells(self, prefix: str, mutant: str = "") -> list[dict[str, Any]]:
-        return [r for r in self.results if r["cell_id"].startswith(prefix)
-                and r["mutant"] == mutant]
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     out = {}
     for name, proc in procs.items():
         stdout, _ = proc.communicate(timeout=400)
-        results_file = root / name / "results.json"
-        assert results_file.is_file(), stdout
-        out[name] = Run(root / name, proc.returncode, stdout,
-                        json.loads(results_file.read_text()))
+        out[name] = read_run(root / name, proc.returncode, stdout)
     yield out
 
 

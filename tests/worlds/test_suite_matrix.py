@@ -19,7 +19,6 @@ import json
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import pytest
 from cli_runner import run_cli
 from cpmatrix.parity import CHECKS, assert_entropy, declared_mutants, load_fingerprints
 from cpmatrix.suite import MUTANTS
+from world_runs import Run, read_run
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = ROOT / "matrix" / "parity.yaml"
@@ -135,23 +135,10 @@ def test_cuda_platform_plans() -> None:
 
 # ------------------------------------------------------------------------------ runs
 
-@dataclass(frozen=True)
-class Run:
-    out: Path
-    returncode: int
-    stdout: str
-    results: list[dict[str, Any]]
-
-    def plain(self) -> list[dict[str, Any]]:
-        return [r for r in self.results if not r["mutant"]]
-
-
 def _run(out: Path, *argv: str) -> Run:
     proc = cpmatrix("run", "--platform", "cpu", "--out", str(out), "--plain", "--no-cache",
                     *argv)
-    results_file = out / "results.json"
-    assert results_file.is_file(), proc.stdout + proc.stderr
-    return Run(out, proc.returncode, proc.stdout, json.loads(results_file.read_text()))
+    return read_run(out, proc.returncode, proc.stdout + proc.stderr)
 
 
 @pytest.fixture(scope="module")
