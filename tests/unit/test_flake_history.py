@@ -117,3 +117,15 @@ def test_merge_is_a_multiset_union() -> None:
         CellHistory(duration_s=5.0)
     many = merge_histories([with_runs({}, [OK] * KEEP, at=1.0), with_runs({}, [BAD], at=9.0)])
     assert len(many[C].runs) == KEEP and many[C].runs[-1] == RunRecord(9.0, "failed", 1.0)
+
+
+def test_merge_keeps_the_order_of_runs_recorded_at_one_time() -> None:
+    # The runs of one --runs-per-test run share their time; two alike (same outcome,
+    # same seconds) must not be pulled together past the failure between them.
+    one_run = with_runs({}, [OK, BAD, OK], at=1.0)
+    assert [r.outcome for r in one_run[C].runs] == ["passed", "failed", "passed"]
+    assert merge_histories([one_run, one_run]) == one_run
+    assert merge_histories([{}, one_run, one_run]) == one_run
+    later = with_runs({}, [BAD], at=2.0)
+    assert [r.outcome for r in merge_histories([later, one_run])[C].runs] == [
+        "passed", "failed", "passed", "failed"]

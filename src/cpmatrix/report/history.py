@@ -192,14 +192,25 @@ def merge_histories(histories: Iterable[Mapping[str, CellHistory]]) -> dict[str,
             if old is None:
                 out[cell] = mine
                 continue
-            # A multiset union: what both files hold (shards of one baseline) counts
-            # once, the runs of one run that look alike (same end, outcome, seconds) all.
-            union = Counter(old.runs) | Counter(mine.runs)
-            runs = sorted(union.elements(), key=lambda r: r.at)
             out[cell] = CellHistory(
                 duration_s=mine.duration_s if mine.duration_s is not None else old.duration_s,
-                runs=tuple(runs[-KEEP:]))
+                runs=_union(old.runs, mine.runs)[-KEEP:])
     return out
+
+
+def _union(old: tuple[RunRecord, ...], mine: tuple[RunRecord, ...]) -> tuple[RunRecord, ...]:
+    """A multiset union in time order: what both hold (shards of one baseline) counts
+    once, the alike runs of one run (same time, outcome, seconds) all. The runs of one
+    ``--runs-per-test`` run share their time, so the sort is stable and each file's own
+    order stands: alike runs are never pulled together past the runs between them."""
+    have = Counter(old)
+    seen: Counter[RunRecord] = Counter()
+    extra = []
+    for r in mine:
+        seen[r] += 1
+        if seen[r] > have[r]:
+            extra.append(r)
+    return tuple(sorted((*old, *extra), key=lambda r: r.at))
 
 
 def history_json(histories: Mapping[str, CellHistory]) -> dict[str, Any]:
