@@ -10,7 +10,14 @@ import torch
 from torch.distributed.tensor import Shard
 
 from cpmatrix.parity import Diff, ParityError, compare_named, format_diffs, tolerance_for
-from cpmatrix.parity.compare import flatten, ratio_hint, twin_verdict, uniform_ratio
+from cpmatrix.parity.compare import (
+    POOL_BELOW,
+    flatten,
+    pooled_noise,
+    ratio_hint,
+    twin_verdict,
+    uniform_ratio,
+)
 from fake_mesh import FakeDTensor
 
 FP64 = tolerance_for("fp64")
@@ -312,6 +319,79 @@ def test_a_triple_is_judged_by_the_twin_and_a_pair_by_the_table() -> None:
     assert not judged.ok and judged.rule == "twin" and judged.bad == 3
     assert judged.serial_err == pytest.approx(float((serial.double() - twin).abs().max()))
     assert judged.ratio == pytest.approx(2.0, rel=0.01)
+
+
+def _noisy(n: int, rel: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(serial, twin) of ``n`` elements, the serial side off by ``rel`` of the scale."""
+    g = torch.Generator().manual_seed(seed)
+    twin = torch.rand(n, generator=g, dtype=D) + 0.5            # max |twin| near 1.5
+    sign = torch.where(torch.rand(n, generator=g, dtype=D) < 0.5, -1.0, 1.0)
+    return twin + sign * rel * float(twin.abs().max()), twin
+
+
+def test_a_few_element_tensor_takes_the_checks_pooled_noise() -> None:
+    # The measured flake (bf16 autocast): a one-element weight delta whose serial side
+    # happened to round to nearly the twin (1.8e-5, 0.2% of its value) while the rounding
+    # of its check's larger tensors ran at 2-8% of their scale.
+    serial_w, twin_w = _noisy(64, 0.03)
+    twin_b = _t(0.0096)
+    serial_b = twin_b + 1.8e-5
+    cp_b = twin_b + 8.15e-4
+    alone = compare_named({"b": (cp_b, serial_b, twin_b)}, BF16)[0]
+    assert not alone.ok and alone.rule == "twin"  # one sample of the rounding judged it
+    w, b = compare_named({"w": (serial_w, serial_w, twin_w), "b": (cp_b, serial_b, twin_b)},
+                         BF16)
+    assert w.ok and w.rule == "twin"
+    assert b.ok and b.rule == "twin-pooled"
+    pooled = pooled_noise([(serial_w, twin_w)])
+    assert pooled == pytest.approx(0.03, rel=1e-6)
+    assert b.budget == pytest.approx(BF16.twin.budget(serial_err=pooled * 0.0096, scale=0.0096))
+    assert b.serial_err == pytest.approx(1.8e-5)  # its own, as measured
+    assert "noise pooled over the check" in b.line() and "noise pooled" not in w.line()
+    # A real bug on the small tensor (half its value) is still far outside.
+    (_, half) = compare_named({"w": (serial_w, serial_w, twin_w),
+                               "b": (twin_b * 0.5, serial_b, twin_b)}, BF16)
+    assert not half.ok and half.rule == "twin-pooled"
+
+
+def test_pooling_reaches_only_tensors_below_the_size_and_never_loosens_their_own() -> None:
+    serial_w, twin_w = _noisy(64, 1e-2)
+    for n, pooled_rule in ((POOL_BELOW - 1, "twin-pooled"), (POOL_BELOW, "twin")):
+        serial, twin = _noisy(n, 1e-6, seed=1)
+        scale = float(twin.abs().max())
+        cp = twin + 0.05 * scale  # inside the pooled budget (7.1%), outside its own (3.1%)
+        _, d = compare_named({"w": (serial_w, serial_w, twin_w), "s": (cp, serial, twin)},
+                             BF16)
+        assert (d.ok, d.rule) == (pooled_rule == "twin-pooled", pooled_rule), n
+    # A small tensor noisier than the pool keeps its own (larger) estimate.
+    serial, twin = _noisy(4, 5e-2, seed=2)
+    _, d = compare_named({"w": (serial_w, serial_w, twin_w), "s": (serial, serial, twin)}, BF16)
+    assert d.rule == "twin" and d.budget == pytest.approx(
+        BF16.twin.budget(serial_err=d.serial_err, scale=float(twin.abs().max())))
+
+
+def test_the_pool_skips_small_tensors_rounding_noise_and_values_without_a_twin() -> None:
+    # Its estimators: tensors of at least POOL_BELOW elements, judged elementwise.
+    big, big_twin = _noisy(POOL_BELOW, 2e-3)
+    small, small_twin = _noisy(POOL_BELOW - 1, 0.3)
+    cancel_twin = torch.full((32,), 1e-9, dtype=D)         # a grad that cancels: noise
+    cancel = cancel_twin + 1e-6
+    assert pooled_noise([(big, big_twin)]) == pytest.approx(2e-3)
+    assert pooled_noise([(small, small_twin), (cancel, cancel_twin)]) == 0.0
+    assert pooled_noise([(big, big_twin), (small, small_twin),
+                         (cancel, cancel_twin)]) == pytest.approx(2e-3)
+    assert pooled_noise([(torch.zeros(32, dtype=D), torch.zeros(32, dtype=D))]) == 0.0
+    # Through compare_named: a pair (no twin) and integers never estimate it, and a
+    # tolerance without a twin rule pools nothing.
+    one = _t(0.5)
+    cp = one + 0.03  # outside its own budget (floor 0.0156)
+    pairs = {"pair": (big * 10, big * 10), "ints": (torch.arange(64), torch.arange(64)),
+             "s": (cp, one + 1e-9, one)}
+    assert not compare_named(pairs, BF16)[2].ok
+    assert compare_named({"w": (big, big, big_twin), "s": (one + 1e-3, one + 1e-9, one)},
+                         BF16)[1].rule == "twin-pooled"
+    table = compare_named({"w": (big, big, big_twin), "s": (cp, one, one)}, FP64)
+    assert [d.rule for d in table] == ["table", "table"]
 
 
 @pytest.mark.parametrize("twin", [

@@ -9,8 +9,10 @@ compares a whole named set and reports every mismatch, with the same criterion a
 Where a tensor has an fp64 twin value (the serial model run again in fp64) and the
 tolerance carries a :class:`~cpmatrix.parity.tolerance.TwinRule`, the twin rule judges it
 instead: the CP error against the twin within ``factor`` times the serial side's own, plus
-a floor (:func:`twin_verdict`). A CP result that differs from serial by a uniform factor
-(0.5, 2, 1/world) is named so (:func:`uniform_ratio`, :func:`ratio_hint`).
+a floor (:func:`twin_verdict`); a tensor of a few elements takes at least the rounding
+noise pooled over its check's larger tensors (:func:`pooled_noise`). A CP result that
+differs from serial by a uniform factor (0.5, 2, 1/world) is named so
+(:func:`uniform_ratio`, :func:`ratio_hint`).
 
 Example::
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,15 +37,23 @@ from cpmatrix.parity.errors import odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance, TwinRule
 
 __all__ = [
+    "POOL_BELOW",
     "Diff",
     "compare_named",
     "flatten",
     "format_diffs",
+    "pooled_noise",
     "ratio_hint",
     "to_full",
     "twin_verdict",
     "uniform_ratio",
 ]
+
+
+#: A tensor of fewer elements is a few samples of its serial side's rounding: one draw can
+#: land far below the typical error (measured: 1.8e-5 where the noise is ~1e-3), so its
+#: noise estimate is at least its check's pooled one (:func:`pooled_noise`).
+POOL_BELOW = 16
 
 
 def to_full(value: Any) -> Any:
@@ -87,8 +97,10 @@ class Diff:
 
     ``rule`` says what judged it: ``table`` (the fixed ``atol + rtol * |serial|``), or
     ``twin`` (:func:`twin_verdict`: ``twin_err`` = max |CP - twin|, ``serial_err`` = max
-    |serial - twin|, ``budget`` = what ``twin_err`` had to stay within), or ``twin-norm``
-    (the same over the 2-norms, where the serial side is rounding noise). ``ratio``: CP /
+    |serial - twin|, ``budget`` = what ``twin_err`` had to stay within), ``twin-pooled``
+    (the same, a tensor of a few elements whose budget came from the noise pooled over
+    its check's larger tensors), or ``twin-norm`` (the same over the 2-norms, where the
+    serial side is rounding noise). ``ratio``: CP /
     serial where it is the same for every element (:func:`uniform_ratio`), else None.
     """
 
@@ -112,13 +124,15 @@ class Diff:
         )
         if self.rule != "table":
             what = "||cp - twin||" if self.rule == "twin-norm" else "|cp - twin|"
+            pooled = ", noise pooled over the check" if self.rule == "twin-pooled" else ""
             text += (f"; {what} {self.twin_err:.3g} vs budget {self.budget:.3g} "
-                     f"(serial's own {self.serial_err:.3g})")
+                     f"(serial's own {self.serial_err:.3g}{pooled})")
         return f"{text} ({self.note})" if self.note else text
 
 
 def _diff(
-    name: str, actual: Any, expected: Any, tol: Tolerance, twin: Any = None
+    name: str, actual: Any, expected: Any, tol: Tolerance, twin: Any = None,
+    pooled: float = 0.0,
 ) -> Diff:
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
         return _leaf_diff(name, actual, expected)
@@ -153,7 +167,7 @@ def _diff(
         abs_diff = torch.where(equal, 0.0, (a - e).abs())
         twin_t = _twin_of(twin, e)
         if tol.twin is not None and twin_t is not None:
-            judged = twin_verdict(a, e, twin_t, tol.twin)
+            judged = twin_verdict(a, e, twin_t, tol.twin, pooled=pooled)
             rule, bad_mask, twin_err, serial_err, budget = judged
         else:
             bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
@@ -184,8 +198,40 @@ def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
     return twin.detach().cpu()
 
 
+def _noise(serial: torch.Tensor, twin: torch.Tensor,
+           ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """``(usable, |serial - twin| where usable, max of it, max |twin|)``: the serial side's
+    rounding against the twin, and the value's scale."""
+    usable = torch.isfinite(serial) & torch.isfinite(twin)
+    serial_abs = torch.where(usable, (serial - twin).abs(), 0.0)
+    scale = _worst(torch.where(usable, twin.abs(), 0.0)) if twin.numel() else 0.0
+    serial_err = _worst(serial_abs) if serial_abs.numel() else 0.0
+    return usable, serial_abs, serial_err, scale
+
+
+def pooled_noise(serial_and_twin: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """The serial side's worst relative rounding (``max |serial - twin| / max |twin|``)
+    over the tensors of one check that estimate it: those of at least :data:`POOL_BELOW`
+    elements, judged elementwise (not rounding noise themselves: ``twin-norm``); 0.0
+    where none does.
+
+    >>> t = torch.linspace(1.0, 2.0, 32, dtype=torch.float64)
+    >>> round(pooled_noise([(t + 1e-3, t), (t[:1] + 0.5, t[:1])]), 6)  # one element: skipped
+    0.0005
+    """
+    worst = 0.0
+    for serial, twin in serial_and_twin:
+        if serial.numel() < POOL_BELOW:
+            continue
+        _, _, serial_err, scale = _noise(serial, twin)
+        if scale > 0.0 and serial_err < 0.5 * scale:
+            worst = max(worst, serial_err / scale)
+    return worst
+
+
 def twin_verdict(
-    cp: torch.Tensor, serial: torch.Tensor, twin: torch.Tensor, rule: TwinRule
+    cp: torch.Tensor, serial: torch.Tensor, twin: torch.Tensor, rule: TwinRule,
+    *, pooled: float = 0.0,
 ) -> tuple[str, torch.Tensor, float, float, float]:
     """Judge ``cp`` by the fp64 twin rule: ``(rule name, bad mask, twin_err, serial_err,
     budget)``. All three are float64 (or complex128) tensors of one shape.
@@ -196,7 +242,9 @@ def twin_verdict(
     rounding noise (its worst error at least half the value's scale: a grad that cancels
     to nothing), no element carries a value to compare, and the 2-norms of the errors
     are compared instead (``twin-norm``): ``||cp - twin|| <= factor * ||serial - twin|| +
-    floor * sqrt(n)``.
+    floor * sqrt(n)``. A tensor of fewer than :data:`POOL_BELOW` elements uses at least
+    ``pooled * max_j |twin_j|`` as the serial side's error (``pooled``: its check's
+    relative noise, :func:`pooled_noise`); rule ``twin-pooled`` where that decided.
 
     >>> from cpmatrix.parity.tolerance import tolerance_for
     >>> t = torch.tensor([1.0, 2.0], dtype=torch.float64)
@@ -206,12 +254,9 @@ def twin_verdict(
     ('twin', [False, True], 0.0665)
     """
     equal = cp == serial
-    usable = torch.isfinite(serial) & torch.isfinite(twin)
-    serial_abs = torch.where(usable, (serial - twin).abs(), 0.0)
+    usable, serial_abs, serial_err, scale = _noise(serial, twin)
     cp_abs = torch.where(torch.isfinite(cp) & usable, (cp - twin).abs(), math.inf)
     cp_abs = torch.where(equal, 0.0, cp_abs)
-    scale = _worst(torch.where(usable, twin.abs(), 0.0)) if twin.numel() else 0.0
-    serial_err = _worst(serial_abs) if serial_abs.numel() else 0.0
     floor = rule.floor(scale)
     if serial_err >= 0.5 * scale and bool(usable.any()):
         n = int(usable.sum())
@@ -220,10 +265,12 @@ def twin_verdict(
         budget = rule.factor * serial_norm + floor * math.sqrt(n)
         bad = torch.full(cp.shape, cp_norm > budget)
         return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget
-    budget = rule.budget(serial_err=serial_err, scale=scale)
+    estimate = pooled * scale if cp.numel() < POOL_BELOW else 0.0
+    name = "twin-pooled" if estimate > serial_err else "twin"
+    budget = rule.budget(serial_err=max(serial_err, estimate), scale=scale)
     bad = ~(equal | (cp_abs <= budget))
     twin_err = _worst(cp_abs) if cp_abs.numel() else 0.0
-    return "twin", bad, twin_err, serial_err, budget
+    return name, bad, twin_err, serial_err, budget
 
 
 def uniform_ratio(cp: torch.Tensor, serial: torch.Tensor) -> float | None:
@@ -324,7 +371,20 @@ def compare_named(
         named = [(name, *_unpack(value)) for name, value in pairs.items()]
     full = [(name, to_full(a), to_full(e), t) for name, a, e, t in named]  # collectives
     with odd_input_fails("setup"):
-        return [_diff(name, a, e, tol, t) for name, a, e, t in full]
+        pooled = pooled_noise(_serial_and_twin(full)) if tol.twin is not None else 0.0
+        return [_diff(name, a, e, tol, t, pooled) for name, a, e, t in full]
+
+
+def _serial_and_twin(full: list[tuple[str, Any, Any, Any]],
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(serial, twin) in float64 (or complex128) for each tensor a twin can judge."""
+    for _, _, e, t in full:
+        if not isinstance(e, torch.Tensor) or _exact(e):
+            continue
+        wide = e.detach().cpu().to(torch.promote_types(e.dtype, torch.float64))
+        twin_t = _twin_of(t, wide)
+        if twin_t is not None:
+            yield wide, twin_t
 
 
 def _unpack(value: tuple[Any, ...]) -> tuple[Any, Any, Any]:
