@@ -23,7 +23,7 @@ import tempfile
 from typing import Any
 
 __all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "json_safe",
-           "read_json", "tail_lines"]
+           "read_json", "read_segment", "tail_lines"]
 
 
 def _umask() -> int:
@@ -95,6 +95,29 @@ def tail_lines(path: str | os.PathLike[str], start: int = 0, end: int | None = N
         return ""
     text = data.decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+def read_segment(path: str | os.PathLike[str], start: int = 0, end: int | None = None,
+                 cap: int = 1 << 16) -> str:
+    """The bytes ``[start:end]`` of a log as text, at most the last ``cap`` of them (a
+    first line says how many were cut); '' if unreadable.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+    ...     _ = f.write("a" * 10 + "bcd")
+    >>> read_segment(f.name, 10), read_segment(f.name, 0, 12, cap=3)
+    ('bcd', '[... 9 bytes cut]\\nabc')
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read() if end is None else f.read(max(0, end - start))
+    except OSError:
+        return ""
+    cut = len(data) - cap
+    text = data[-cap:].decode("utf-8", errors="replace") if cut > 0 else \
+        data.decode("utf-8", errors="replace")
+    return f"[... {cut} bytes cut]\n{text}" if cut > 0 else text
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -58,6 +58,10 @@ class Story:
     before_read: dict[str, bytes] = field(default_factory=dict)
     after_read: dict[str, bytes] = field(default_factory=dict)
     tampered: str = ""
+    #: What alpha's rank 0 printed in run 1 (its cell folder's output log), and its
+    #: output log in run 2, where it was a remote hit.
+    alpha_log: str = ""
+    alpha_log_hit: str = ""
 
 
 def _checkout(root: Path, name: str, url: str) -> Path:
@@ -103,6 +107,8 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         a = _checkout(root, "a", url)
         s.runs["write"] = _run(a, root / "a" / "cache")
         s.after_write = _files(data)
+        (log,) = (a / "out" / "cells").glob("alpha[[]*/rank0/output.log")
+        s.alpha_log = log.read_text()
         shutil.rmtree(a.parent)
         # 2. checkout B, elsewhere, reads only: beta edited, gamma's stored blob tampered.
         b = _checkout(root, "checkout-b", url)
@@ -121,6 +127,8 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         s.before_read = _files(data)
         s.runs["read"] = _run(b, root / "b-cache", "--remote-cache-read-only")
         s.after_read = _files(data)
+        (log,) = (b / "out" / "cells").glob("alpha[[]*/rank0/output.log")
+        s.alpha_log_hit = log.read_text()
         # 3. an unreachable remote named on the command line, with an empty local cache.
         s.runs["down"] = _run(b, root / "b-cache-2", "--remote-cache",
                               f"http://127.0.0.1:{_dead_port()}/ci")
@@ -171,6 +179,16 @@ def test_another_checkout_hits_the_untouched_cell_from_the_remote(story: Story) 
     # Adopted by B's local cache: the next run of B hits locally.
     assert len(list((story.root / "b-cache" / "results").rglob("*.json"))) == 4
     assert "(1 local, 0 remote)" not in run.stdout and "(0 local, 1 remote)" in run.stdout
+
+
+def test_a_remote_hit_brings_the_logs_of_the_run_that_stored_it(story: Story) -> None:
+    assert "alpha read 3.0\n" in story.alpha_log
+    (alpha,) = [e for e in _ac_entries(story.after_write).values()
+                if e["result"]["cell_id"].startswith("alpha[")]
+    assert alpha["logs"]["0"] == story.alpha_log  # in the verified blob, as printed
+    head, _, rest = story.alpha_log_hit.partition("\n")
+    assert head == ("[cpmatrix: cached; the output of the run that stored this pass at "
+                    f"{alpha['stored_at']}]") and rest == story.alpha_log
 
 
 def test_an_edited_case_misses_and_runs(story: Story) -> None:

@@ -7,6 +7,8 @@ tests/e2e/test_remote_cache_run.py.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -15,7 +17,7 @@ from cpmatrix.matrix.load import load_matrix
 from cpmatrix.remote.observe import signature
 from cpmatrix.result import Result, Status
 from cpmatrix.run.cache import ReadHashes, ResultCache
-from cpmatrix.run.cache_layers import remote_settings
+from cpmatrix.run.cache_layers import CacheLayers, remote_settings
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.portable import Anchors
 from cpmatrix.run.toolchain import Interpreter
@@ -128,3 +130,58 @@ def test_an_entry_written_in_one_checkout_is_checked_against_the_others_files(
     (b / "data" / "v.txt").write_text("4\n")  # same path in b, other bytes: a miss
     assert ResultCache(tmp_path / "c", ReadHashes(), Anchors.of(project=str(b))).check(
         entry, "ab" * 32, "c") == "$project/data/v.txt does not hold what the cell read"
+
+
+def _layers(cache: Path, out: Path) -> CacheLayers:
+    return CacheLayers(ResultCache(cache), None, {"c": "cd" * 32}, out=out)
+
+
+def test_a_pass_is_stored_with_its_logs_and_a_hit_puts_them_back(tmp_path: Path) -> None:
+    cell: Any = SimpleNamespace(id="c")
+    fresh = tmp_path / "fresh"
+    (fresh / "cells" / "c" / "rank0").mkdir(parents=True)
+    (fresh / "cells" / "c" / "rank1").mkdir(parents=True)
+    (fresh / "cells" / "c" / "rank0" / "output.log").write_text("rank 0 says hello\n")
+    (fresh / "cells" / "c" / "rank1" / "output.log").write_text("x" * 70_000 + "END\n")
+    layers = _layers(tmp_path / "cache", fresh)
+    layers.store(cell, Result(cell_id="c", status=Status.PASSED, out_dir="cells/c"), {})
+    entry = ResultCache(tmp_path / "cache").read("cd" * 32)
+    assert isinstance(entry, dict)
+    logs = entry["logs"]
+    assert logs["0"] == "rank 0 says hello\n"
+    assert logs["1"].startswith("[... ") and logs["1"].endswith("END\n")  # the tail, capped
+    assert len(logs["1"]) < 66_000
+    # Another run (another output folder) hits it: the logs come back after the run.
+    later = tmp_path / "later"
+    again = _layers(tmp_path / "cache", later)
+    (hit,) = again.lookup([cell]).values()
+    assert hit.status is Status.CACHED
+    assert not (later / "cells").exists()  # not at lookup: the run clears cell folders
+    assert again.finish() == []
+    put_back = (later / "cells" / "c" / "rank0" / "output.log").read_text()
+    head, _, rest = put_back.partition("\n")
+    assert head.startswith("[cpmatrix: cached; the output of the run that stored this pass")
+    assert entry["stored_at"] in head and rest == "rank 0 says hello\n"
+    assert (later / "cells" / "c" / "rank1" / "output.log").read_text().endswith("END\n")
+
+
+def test_logs_are_evidence_only(tmp_path: Path) -> None:
+    cell: Any = SimpleNamespace(id="c")
+    layers = _layers(tmp_path / "cache", tmp_path / "fresh")  # a pass that printed nothing
+    layers.store(cell, Result(cell_id="c", status=Status.PASSED, out_dir="cells/c"), {})
+    cache = ResultCache(tmp_path / "cache")
+    entry = cache.read("cd" * 32)
+    assert isinstance(entry, dict) and entry["logs"] == {}
+    # Damaged logs in an entry: still the same cached pass, the damaged logs left out.
+    entry["logs"] = {"0": 5, "x": "no rank", "2": "kept\n"}
+    cache.write("cd" * 32, entry)
+    later = tmp_path / "later"
+    again = _layers(tmp_path / "cache", later)
+    assert [r.status for r in again.lookup([cell]).values()] == [Status.CACHED]
+    again.finish()
+    assert sorted(p.parent.name for p in (later / "cells" / "c").glob("*/output.log")) == \
+        ["rank2"]
+    # A failure is never stored, logs or not.
+    _layers(tmp_path / "c2", tmp_path / "fresh").store(
+        cell, Result(cell_id="c", status=Status.FAILED, out_dir="cells/c"), {})
+    assert ResultCache(tmp_path / "c2").read("cd" * 32) is None

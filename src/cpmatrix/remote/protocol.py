@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 from cpmatrix.fsutil import atomic_write_json, read_json
 
 __all__ = [
+    "OUTPUT_LOG",
     "CellSpec",
     "CompileJob",
     "Outcome",
@@ -39,6 +40,7 @@ __all__ = [
     "RankLeft",
     "StartMarker",
     "WorldSpec",
+    "cell_output_log",
     "marker_name",
     "parse_marker_name",
     "read_typed",
@@ -255,6 +257,21 @@ def work_folder(out_dir: str, world: str) -> str:
     'cells/t[unit]@cpu/work/003-cpu-w2-b0.a1'
     """
     return f"{out_dir}/work/{world}"
+
+
+def cell_output_log(out_dir: str, rank: int) -> str:
+    """What rank ``rank`` of a cell printed while it ran (its share of the world's rank
+    log), relative to the run's output folder; written by the supervisor for every cell,
+    stored with a cached pass and put back on a hit (docs/cache.md).
+
+    >>> cell_output_log("cells/t[unit]@cpu", 1)
+    'cells/t[unit]@cpu/rank1/output.log'
+    """
+    return f"{out_dir}/rank{rank}/{OUTPUT_LOG}"
+
+
+#: The file name of :func:`cell_output_log`.
+OUTPUT_LOG = "output.log"
 
 
 def write_typed(path: str | os.PathLike[str], value: _Json) -> None:

@@ -372,15 +372,20 @@ class ResultCache:
     def get(self, key: str, cell_id: str) -> Result | None:
         """The stored pass, marked cached, when every file it read still holds what it
         held; None otherwise (a miss: the cell runs)."""
-        path = self._path(key)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        data = self.read(key)
+        if data is None:
             return None
-        except (OSError, ValueError):
-            return None  # corrupt or foreign: ignored, rewritten by the next pass
         found = self.check(data, key, cell_id)
         return found if isinstance(found, Result) else None
+
+    def read(self, key: str) -> object:
+        """The entry stored for ``key`` as parsed JSON, unchecked (:meth:`check` judges
+        it); None when there is none, or it is corrupt or foreign (rewritten by the next
+        pass)."""
+        try:
+            return json.loads(self._path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
 
     def check(self, data: object, key: str, cell_id: str) -> Result | str:
         """An entry (parsed JSON, from this folder or a remote cache) as a cached pass of

@@ -16,6 +16,12 @@ Read local, then remote; write both (docs/cache.md, "Remote cache"):
   The remote gets exactly the bytes the local folder would hold, never anything else.
 - **finish**: waits for the uploads and says what the remote did (printed, and
   recorded in ``run.json`` under ``"cache"``).
+- **logs**: an entry carries what each rank of the pass printed (``logs``: rank -> text,
+  the cell's ``rank<r>/output.log``, at most 64 KiB each); after the run (``finish``) a
+  hit's, local or remote, are put back in the cell's folder under a first line naming
+  the stored run (not at lookup: the run clears the cell folders when it starts). Evidence
+  only: :meth:`~cpmatrix.run.cache.ResultCache.check` never reads them, and a remote
+  entry's bytes, logs included, are verified against its digest before use.
 
 Which remote (:func:`remote_settings`): ``--remote-cache URL`` wins over the matrix's
 ``remote_cache:`` setting; ``--remote-cache ""`` turns the setting off; ``--no-cache``
@@ -39,8 +45,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from cpmatrix.errors import SpecError, UsageError
-from cpmatrix.fsutil import atomic_write_json, read_json
+from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_json, read_segment
 from cpmatrix.matrix.schema import Cell, Matrix
+from cpmatrix.remote.protocol import OUTPUT_LOG, cell_output_log
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ResultCache
 from cpmatrix.run.options import RunOptions
@@ -54,6 +61,8 @@ ENTRY_PATH = "cpmatrix/entry.json"
 _LOOKUPS = 8
 #: Uploads in flight at once, in the background of the run.
 _UPLOADS = 4
+#: A rank's log stored with a pass, at most (its last bytes).
+_LOG_CAP = 1 << 16
 #: Notes (entries that failed verification or read other files) printed at most.
 _NOTES_SHOWN = 5
 
@@ -85,14 +94,19 @@ def remote_settings(options: RunOptions, matrix: Matrix) -> RemoteSettings | Non
 class CacheLayers:
     """The local cache and an optional remote one, for the cells of one run.
 
-    ``keys``: cell id -> pre-key (the action key, the same on every machine).
+    ``keys``: cell id -> pre-key (the action key, the same on every machine); ``out``:
+    the run's output folder, whose cell folders the logs are read from and put back to
+    (None: no logs).
     """
 
     def __init__(self, local: ResultCache, remote: RemoteCache | None,
-                 keys: Mapping[str, str]) -> None:
+                 keys: Mapping[str, str], out: Path | None = None) -> None:
         self.local = local
         self.remote = remote
         self.keys = dict(keys)
+        self.out = out
+        #: Cell folder -> (stored at, rank -> log) of each hit, written by :meth:`finish`.
+        self._hit_logs: dict[str, tuple[str, dict[int, str]]] = {}
         self.local_hits = 0
         self.remote_hits = 0
         self._uploads: ThreadPoolExecutor | None = None
@@ -107,6 +121,7 @@ class CacheLayers:
             hit = self.local.get(self.keys[c.id], c.id)
             if hit is not None:
                 hits[c.id] = hit
+                self._restore_logs(hit, self.local.read(self.keys[c.id]))
         self.local_hits = len(hits)
         remote = self.remote
         missing = [c for c in cells if c.id not in hits]
@@ -140,9 +155,45 @@ class CacheLayers:
         except OSError as exc:  # a full or read-only local cache must not fail the run
             print(f"warning: could not store {cell.id} in the local cache: {exc}",
                   file=sys.stderr)
+        self._restore_logs(found, entry)
         url = remote.settings.display
         return replace(found, message=f"{found.message} (remote cache {url})",
                        evidence={**found.evidence, "cached_from": url})
+
+    # ------------------------------------------------------------------ logs
+    def _logs(self, result: Result) -> dict[str, str]:
+        """What each rank of a fresh pass printed (its cell folder's output logs)."""
+        if self.out is None:
+            return {}
+        folder = self.out / result.out_dir
+        logs: dict[str, str] = {}
+        for log in sorted(folder.glob(f"rank*/{OUTPUT_LOG}")):
+            rank = log.parent.name.removeprefix("rank")
+            if rank.isdigit():
+                logs[rank] = read_segment(log, cap=_LOG_CAP)
+        return logs
+
+    def _restore_logs(self, hit: Result, entry: object) -> None:
+        """Keep a hit's logs for :meth:`finish` (a damaged one is left out: the pass was
+        checked without it)."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("logs"), dict):
+            return
+        logs = {int(r): t for r, t in entry["logs"].items()
+                if isinstance(r, str) and r.isdigit() and isinstance(t, str)}
+        self._hit_logs[hit.out_dir] = (str(entry.get("stored_at", "?")), logs)
+
+    def _write_hit_logs(self) -> None:
+        """Put each hit's logs back in its cell folder, marked as the stored run's."""
+        if self.out is None:
+            return
+        for out_dir, (at, logs) in self._hit_logs.items():
+            head = f"[cpmatrix: cached; the output of the run that stored this pass at {at}]\n"
+            for rank, text in logs.items():
+                try:
+                    atomic_write_text(self.out / cell_output_log(out_dir, rank), head + text)
+                except OSError:
+                    return  # evidence only: a cached pass is not failed for its log
+        self._hit_logs.clear()
 
     # ----------------------------------------------------------------- store
     def store(self, cell: Cell, result: Result, reads: Mapping[str, str]) -> None:
@@ -151,6 +202,7 @@ class CacheLayers:
         entry = self.local.entry(key, result, reads)
         if entry is None:  # not a first-attempt pass of an unmutated cell
             return
+        entry["logs"] = self._logs(result)
         try:
             self.local.write(key, entry)
         except OSError as exc:  # a full or read-only cache must not fail the run
@@ -166,8 +218,9 @@ class CacheLayers:
 
     # ---------------------------------------------------------------- finish
     def finish(self) -> list[str]:
-        """Wait for the uploads, close the connections; lines saying what the remote did
-        (none without a remote). Idempotent."""
+        """Put the hits' logs back, wait for the uploads, close the connections; lines
+        saying what the remote did (none without a remote). Idempotent."""
+        self._write_hit_logs()
         if self._finished or self.remote is None:
             self._finished = True
             return []

@@ -232,7 +232,8 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
                           toolchain=toolchain)
         for c in cells
     }
-    layers = CacheLayers(cache, None if remote is None else RemoteCache(remote), digests)
+    layers = CacheLayers(cache, None if remote is None else RemoteCache(remote), digests,
+                         out=context.out_root)
     hits = {} if mutants else layers.lookup(cells)
     where = (f" ({layers.local_hits} local, {layers.remote_hits} remote)"
              if remote is not None else "")

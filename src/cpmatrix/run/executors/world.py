@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from cpmatrix.fsutil import atomic_write_json, tail_lines
+from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.remote.protocol import (
     CellSpec,
@@ -41,6 +41,7 @@ from cpmatrix.remote.protocol import (
     PidFile,
     RankLeft,
     WorldSpec,
+    cell_output_log,
     read_typed,
     work_folder,
     write_typed,
@@ -193,7 +194,24 @@ class WorldRun:
 
     def _report(self, i: int, result: Result) -> None:
         self._reported.add(i)
+        self._save_output(i)
         self.results.append((self.entries[i], self._with_folder(self.entries[i], result)))
+
+    def _save_output(self, i: int) -> None:
+        """Each rank's share of its log while cell ``i`` ran, in the cell's folder
+        (:func:`~cpmatrix.remote.protocol.cell_output_log`; every cell: a cached pass
+        brings it back). Never fails the cell: the log is evidence, not the verdict."""
+        entry = self.entries[i]
+        for r in self._ranks(i):
+            start = self.progress.starts.get((i, r))
+            if start is None:
+                continue  # the rank never began the cell: nothing of it is in its log
+            done = self.progress.dones.get((i, r))
+            text = read_segment(self.dir / f"rank{self.placement[i][r]}.log",
+                                start.log_offset, done.log_end if done else None)
+            with contextlib.suppress(OSError):
+                atomic_write_text(self.context.out_root / cell_output_log(entry.out_dir, r),
+                                  text)
 
     # ------------------------------------------------------------------ poll
     def _read_progress(self) -> None:
