@@ -35,6 +35,7 @@ __all__ = [
     "MAX_RANKS",
     "MAX_TIMEOUT_S",
     "PATHS",
+    "PYTEST_CASE",
     "TARGET_AXES",
     "TIMEOUT_CLASSES",
     "Cell",
@@ -55,8 +56,11 @@ LEVELS: Final = ("unit", "layer", "module", "workflow")
 DTYPES: Final = tuple(TORCH_DTYPES)  # fp64, fp32, bf16, fp16
 AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
-#: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
-KINDS: Final = ("parity", "property", "spill")
+#: The case every ``pytest`` cell runs: the pytest front's in-rank runner.
+PYTEST_CASE: Final = "cpmatrix.pytest_front.rank:case"
+#: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds;
+#: ``pytest`` targets' collected tests too, each rank in a pytest session (docs/pytest.md).
+KINDS: Final = ("parity", "property", "spill", "pytest")
 #: The standard axes, in the order they appear in a cell id.
 AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
 #: The standard axes a target takes a list of values for (``level`` is one value).
@@ -79,6 +83,7 @@ ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
         "params",
         "description",
         "spill",
+        "pytest",
     ),
     "target.axes": TARGET_AXES,
     "target.spill": (
@@ -288,6 +293,9 @@ class Target:
     case_at: tuple[int, int] = (0, 0)
     #: For ``kind: spill``: the kernel's compile spec (``case`` names the kernel).
     spill: SpillBlock | None = None
+    #: For ``kind: pytest``: the files, folders and node ids (absolute) whose collected
+    #: tests are its cells (docs/pytest.md).
+    pytest: tuple[str, ...] = ()
 
     def axis(self, name: str) -> tuple[str, ...]:
         for key, values in self.axes:

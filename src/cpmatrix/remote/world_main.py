@@ -338,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     from cpmatrix.remote.isolation import CellIsolation
     from cpmatrix.remote.subworld import SubWorld
 
+    if world.prepare:
+        # Before the baseline below: what it sets up (the pytest front's session, its
+        # imports and sys.path) is every cell's starting state, not a cell's change.
+        _prepare(world, rank)
+
     if world.device == "cuda":
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=world.pg_timeout_s)
@@ -433,6 +438,16 @@ def main(argv: list[str] | None = None) -> int:
     # Out of cells, maybe long before the other ranks: an exit the supervisor expects.
     write_typed(world_dir / f"rank{rank}.left", RankLeft(rank=rank, run=world.run_id))
     return 0
+
+
+def _prepare(world: WorldSpec, rank: int) -> None:
+    """Call ``world.prepare`` (``module:function``) as ``fn(world, rank)``.
+
+    It must not raise (an error there is its cells' to report); if it does, the rank
+    exits with the traceback in its log and the world counts as not started.
+    """
+    module_name, _, attr = world.prepare.partition(":")
+    getattr(importlib.import_module(module_name), attr)(world, rank)
 
 
 def _blame_state(outcome: Outcome, problems: list[str]) -> Outcome:

@@ -100,6 +100,9 @@ def _read_text(path: Path) -> str:
 class WorldRun:
     """One torchrun launch over ``entries``; poll it until ``finished``."""
 
+    #: ``WorldSpec.prepare``: what every rank sets up before its first cell (a subclass's).
+    prepare = ""
+
     def __init__(self, name: str, entries: Sequence[Entry], platform: Platform,
                  context: RunContext, devices: tuple[int, ...] = ()) -> None:
         assert entries, "a world needs at least one cell"
@@ -162,7 +165,7 @@ class WorldRun:
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
                 cells=[cell_spec(e) for e in self.entries],
-                placement=[list(p) for p in self.placement],
+                placement=[list(p) for p in self.placement], prepare=self.prepare,
             )
             world_file = self.dir / "world.json"
             write_typed(world_file, world)
