@@ -154,7 +154,7 @@ def _torch_timeout(item: Any, test_id: str) -> int | None:
 
 def _continuous_size(cls: type) -> Any:
     """``MultiProcContinuousTest._get_world_size`` without spawning anything."""
-    attr = inspect.getattr_static(cls, "world_size", None)
+    attr: Any = inspect.getattr_static(cls, "world_size", None)
     size = attr.fget(object.__new__(cls)) if isinstance(attr, property) else attr
     if size == -2:  # unset: one rank per device of the class's device type
         import torch
