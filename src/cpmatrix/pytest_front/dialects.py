@@ -154,8 +154,10 @@ def _torch_timeout(item: Any, test_id: str) -> int | None:
 
 def _continuous_size(cls: type) -> Any:
     """``MultiProcContinuousTest._get_world_size`` without spawning anything."""
-    attr: Any = inspect.getattr_static(cls, "world_size", None)
-    size = attr.fget(object.__new__(cls)) if isinstance(attr, property) else attr
+    attr = inspect.getattr_static(cls, "world_size", None)
+    size: Any = attr
+    if isinstance(attr, property) and attr.fget is not None:
+        size = attr.fget(object.__new__(cls))  # as torch's own harness reads it
     if size == -2:  # unset: one rank per device of the class's device type
         import torch
 
@@ -163,7 +165,7 @@ def _continuous_size(cls: type) -> Any:
         if isinstance(device, classmethod):
             device = device.__func__(cls)
         elif isinstance(device, property):
-            device = device.fget(cls)  # type: ignore[misc]  # as torch's own harness does
+            device = device.fget(cls) if device.fget else "cpu"  # as torch's harness does
         elif callable(device):
             device = device()
         size = torch.get_device_module(str(device)).device_count()
