@@ -383,6 +383,9 @@ class Cell:
     #: The case module's file whose source the digest covers; the worker refuses to run
     #: the case from any other file (a module of the same name earlier on its path).
     case_file: str = field(compare=False, default="")
+    #: For pytest cells: the canonical JSON of the test to run (its node id, dialect) and
+    #: of the pytest session it was collected in (``cpmatrix.pytest_front.spec``).
+    pytest: str = ""
 
     @property
     def world_size(self) -> int:
@@ -412,6 +415,7 @@ class Cell:
             "digest": self.digest,
             "params": dict(self.params),
             **({"spill": json.loads(self.spill)} if self.spill else {}),
+            **({"pytest": json.loads(self.pytest)} if self.pytest else {}),
         }
 
     @classmethod
@@ -435,4 +439,5 @@ class Cell:
             tags=tuple(str(t) for t in tags),
             digest=str(d.get("digest", "")),
             spill=json.dumps(d["spill"], sort_keys=True) if d.get("spill") else "",
+            pytest=json.dumps(d["pytest"], sort_keys=True) if d.get("pytest") else "",
         )

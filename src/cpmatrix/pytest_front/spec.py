@@ -35,7 +35,7 @@ from cpmatrix.matrix.cellid import format_cell_id
 from cpmatrix.matrix.schema import MAX_TIMEOUT_S, PYTEST_CASE, Cell, Mesh, Platform
 
 __all__ = ["CASE", "DIALECTS", "ISOLATED_TAG", "KIND", "PytestSession", "PytestTest",
-           "cells_for", "slug_of"]
+           "cells_for", "slug_of", "test_of"]
 
 #: The case every pytest cell runs (inside the rank's pytest session).
 CASE: Final = PYTEST_CASE
@@ -121,6 +121,13 @@ class PytestTest:
                    digest=str(data.get("digest", "")))
 
 
+def test_of(cell: Cell) -> dict[str, str]:
+    """A pytest cell's test: ``nodeid``, ``dialect`` and ``session`` (a
+    :class:`PytestSession` as JSON); what its ranks get as params besides ``test``."""
+    data = json.loads(cell.pytest) if cell.pytest else {}
+    return {k: str(v) for k, v in data.items()}
+
+
 def _tag(name: str) -> str | None:
     return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else None
 
@@ -155,9 +162,10 @@ def cells_for(tests: Iterable[PytestTest], session: PytestSession, *, platform: 
                                      (("test", slug),), platform.name),
                 "target": target, "case": CASE, "kind": KIND, "level": level,
                 "mesh": parsed, "dtype": "fp64", "autocast": False, "path": "reference",
-                # Only ``test`` is in the id; the rest is what the rank needs to run it.
-                "params": (("test", slug), ("nodeid", t.nodeid), ("dialect", t.dialect),
-                           ("session", session_json)),
+                "params": (("test", slug),),
+                # What the rank needs to run it: in the digest, not in the id.
+                "pytest": canonical_json({"nodeid": t.nodeid, "dialect": t.dialect,
+                                          "session": session_json}),
                 "platform": platform.name,
                 "timeout_s": min(MAX_TIMEOUT_S, max(1, t.timeout_s or timeout_s)),
                 "tags": cell_tags,

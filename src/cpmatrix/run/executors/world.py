@@ -147,6 +147,10 @@ class WorldRun:
     def token(self) -> str:
         return self.child.token
 
+    def cell_spec(self, entry: Entry) -> CellSpec:
+        """What the ranks get of ``entry`` (a subclass may add to its params)."""
+        return cell_spec(entry)
+
     # ----------------------------------------------------------------- launch
     def start(self) -> None:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
@@ -164,7 +168,7 @@ class WorldRun:
                 device=self.platform.device, platform=self.platform.name,
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
-                cells=[cell_spec(e) for e in self.entries],
+                cells=[self.cell_spec(e) for e in self.entries],
                 placement=[list(p) for p in self.placement], prepare=self.prepare,
             )
             world_file = self.dir / "world.json"
