@@ -439,5 +439,6 @@ class Cell:
             tags=tuple(str(t) for t in tags),
             digest=str(d.get("digest", "")),
             spill=json.dumps(d["spill"], sort_keys=True) if d.get("spill") else "",
-            pytest=json.dumps(d["pytest"], sort_keys=True) if d.get("pytest") else "",
+            pytest=json.dumps(d["pytest"], sort_keys=True, separators=(",", ":"))
+            if d.get("pytest") else "",
         )

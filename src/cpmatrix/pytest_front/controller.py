@@ -28,7 +28,7 @@ from cpmatrix.pytest_front.adapter import FrontSettings, run_tests
 from cpmatrix.pytest_front.collected import session_of, tests_of
 from cpmatrix.pytest_front.records import judge_files
 from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
-from cpmatrix.pytest_front.spec import PytestTest, cells_for, test_of
+from cpmatrix.pytest_front.spec import PytestTest, cell_test, cells_for
 from cpmatrix.pytest_front.verdict import Verdict
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
@@ -85,7 +85,7 @@ class Controller:
                           timeout_s=self.timeout_s)
         self.tests = len(tests)
         for cell in cells:
-            nodeid = test_of(cell)["nodeid"]
+            nodeid = cell_test(cell)["nodeid"]
             self._items[cell.id] = by_nodeid[nodeid]
             self._pending.setdefault(nodeid, []).append(cell.id)
         try:

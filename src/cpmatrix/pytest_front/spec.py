@@ -34,8 +34,17 @@ from cpmatrix.digest import canonical_json, cell_digest_from_parts
 from cpmatrix.matrix.cellid import format_cell_id
 from cpmatrix.matrix.schema import MAX_TIMEOUT_S, PYTEST_CASE, Cell, Mesh, Platform
 
-__all__ = ["CASE", "DIALECTS", "ISOLATED_TAG", "KIND", "PytestSession", "PytestTest",
-           "cells_for", "slug_of", "test_of"]
+__all__ = [
+    "CASE",
+    "DIALECTS",
+    "ISOLATED_TAG",
+    "KIND",
+    "PytestSession",
+    "PytestTest",
+    "cell_test",
+    "cells_for",
+    "slug_of",
+]
 
 #: The case every pytest cell runs (inside the rank's pytest session).
 CASE: Final = PYTEST_CASE
@@ -121,7 +130,7 @@ class PytestTest:
                    digest=str(data.get("digest", "")))
 
 
-def test_of(cell: Cell) -> dict[str, str]:
+def cell_test(cell: Cell) -> dict[str, str]:
     """A pytest cell's test: ``nodeid``, ``dialect`` and ``session`` (a
     :class:`PytestSession` as JSON); what its ranks get as params besides ``test``."""
     data = json.loads(cell.pytest) if cell.pytest else {}

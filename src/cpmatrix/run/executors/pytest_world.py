@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.pytest_front.records import judge_files, judged_result
-from cpmatrix.pytest_front.spec import ISOLATED_TAG, test_of
+from cpmatrix.pytest_front.spec import ISOLATED_TAG, cell_test
 from cpmatrix.remote.protocol import CellSpec
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
@@ -48,11 +48,11 @@ class PytestWorldRun(WorldRun):
     def cell_spec(self, entry: Entry) -> CellSpec:
         """The cell with its test (node id, dialect, session) in its params."""
         spec = super().cell_spec(entry)
-        return replace(spec, params={**spec.params, **test_of(entry.cell)})
+        return replace(spec, params={**spec.params, **cell_test(entry.cell)})
 
     def _report(self, i: int, result: Result) -> None:
         entry = self.entries[i]
-        nodeid = test_of(entry.cell).get("nodeid", "")
+        nodeid = cell_test(entry.cell).get("nodeid", "")
         verdict, records = judge_files(self.context.out_root / entry.out_dir,
                                        entry.cell.world_size, result, nodeid or None)
         super()._report(i, judged_result(result, verdict, records))
@@ -72,7 +72,7 @@ class PytestExecutor(WorldExecutor):
              pack: PackSpec | None = None) -> list[Batch]:
         sessions: dict[str, list[Cell]] = {}
         for c in cells:
-            sessions.setdefault(test_of(c).get("session", ""), []).append(c)
+            sessions.setdefault(cell_test(c).get("session", ""), []).append(c)
         batches: list[Batch] = []
         for s, mine in enumerate(sessions.values()):
             shared = [c for c in mine if ISOLATED_TAG not in c.tags]
