@@ -32,7 +32,7 @@ from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import claim_out
 from cpmatrix.run.session import RunReport, run_cells
 from cpmatrix.run.setup import pack_spec, prepare_run
-from cpmatrix.run.stopping import stop_on_signals
+from cpmatrix.run.stopping import StopRequested, stop_on_signals
 
 __all__ = ["FrontSettings", "platform_for", "run_tests"]
 
@@ -94,10 +94,24 @@ def run_tests(cells: Sequence[Cell], settings: FrontSettings, *, platform: Platf
         pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
         context = replace(prepared.context, pack=pack)
         with stop_on_signals() as stopper:
+
+            def whole(entry: Entry, result: Result) -> None:
+                # A test being reported is reported whole (its setup, call and teardown
+                # reports, as --junitxml needs them): Ctrl-C meanwhile waits for it, then
+                # stops the run. (Once the run is stopping, the stopper is held already.)
+                held, signum = stopper.held, stopper.signum
+                stopper.held = True
+                try:
+                    on_result(entry, result)
+                finally:
+                    stopper.held = held
+                if not held and signum is None and stopper.signum is not None:
+                    raise StopRequested(stopper.signum)
+
             return run_cells(
                 prepared.cells, prepared.platforms, context, batch_size=options.batch_size,
                 jobs=options.jobs, devices=prepared.devices, cached=prepared.cached,
-                store=prepared.store, on_result=on_result, on_start=on_start,
+                store=prepared.store, on_result=whole, on_start=on_start,
                 stopper=stopper, skipped=prepared.skipped)
     finally:
         claim.release()

@@ -79,6 +79,8 @@ def _xdist_asked(config: Any) -> bool:
 def pytest_configure(config: Any) -> None:
     for line in _MARKERS:
         config.addinivalue_line("markers", line)
+    if _in_rank() and not config.pluginmanager.hasplugin("timeout"):
+        config.addinivalue_line("markers", _TIMEOUT_MARKER)  # a rank runs without it
     if not config.getoption("cpmatrix", False):
         return
     if _xdist_asked(config):

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +40,46 @@ from cpmatrix.remote.protocol import WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "case", "current_cell", "prepare"]
 
-#: Arguments added to the rank's command line: plugins that must not act in a rank
-#: (cpmatrix owns timeouts, crash stacks and output; the cache is the controller's).
-RANK_ARGS = ("-p", "no:cacheprovider", "-p", "no:faulthandler", "-p", "no:timeout",
-             "-p", "no:xdist", "-p", "no:stepwise", "--capture=no")
-#: Options reset after parsing (reporting and selection are the controller's).
+#: Added to the rank's command line: pytest-timeout must not act in a rank (cpmatrix
+#: owns timeouts: a hang is cut with every rank's stack), and output goes to the rank's
+#: log as it is written (a crash or hang keeps what the test printed).
+RANK_ARGS = ("-p", "no:timeout", "--capture=no")
+#: pytest-timeout's own options, dropped from the rank's command line with the plugin.
+_TIMEOUT_OPTIONS = ("--timeout", "--timeout_method", "--timeout-method", "--session-timeout",
+                    "--timeout-disable-debugger-detection", "--timeout_func_only",
+                    "--timeout-func-only")
+#: Options reset after parsing: reporting, selection and stopping are the controller's;
+#: the cache plugins stay loaded (their options may be on the command line) but idle.
 _RESET: dict[str, Any] = {
     "cpmatrix": False, "xmlpath": None, "maxfail": 0, "keyword": "", "markexpr": "",
     "deselect": [], "usepdb": False, "trace": False, "lf": False, "failedfirst": False,
-    "newfirst": False, "stepwise": False, "durations": None, "collectonly": False,
-    "looponfail": False, "numprocesses": None, "dist": "no",
+    "newfirst": False, "stepwise": False, "stepwise_skip": False, "durations": None,
+    "collectonly": False, "looponfail": False, "numprocesses": None, "dist": "no",
+    "cacheclear": False,
 }
+
+
+def rank_args(args: Sequence[str]) -> list[str]:
+    """The session's command line as a rank runs it (:data:`RANK_ARGS` added,
+    pytest-timeout's options dropped).
+
+    >>> rank_args(["tests", "--timeout", "5", "--timeout=7", "-x"])
+    ['tests', '-x', '-p', 'no:timeout', '--capture=no']
+    """
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.partition("=")[0]
+        if name in _TIMEOUT_OPTIONS:
+            flag = name == "--timeout-disable-debugger-detection" or name.endswith("func_only") \
+                or name.endswith("func-only")
+            skip = "=" not in arg and not flag
+            continue
+        out.append(arg)
+    return [*out, *RANK_ARGS]
 
 _SESSION: _RankSession | None = None
 _CELL: CellContext | None = None
@@ -109,7 +139,9 @@ def case(cell: CellContext) -> None:
     failed = [p for p in phases if p["kind"] in ("failed", "xfailed")]
     if failed:
         p = failed[0]
-        raise PytestFailure(f"{p['kind']} in {p['when']} on rank {cell.rank}: {p['summary']}")
+        # One line: the report says the rest (and the log cuts this block on that line).
+        first = next(iter(str(p["summary"]).splitlines()), "")
+        raise PytestFailure(f"{p['kind']} in {p['when']} on rank {cell.rank}: {first}")
 
 
 class _RankSession:
@@ -152,7 +184,7 @@ class _RankSession:
         # then what the rank has besides.
         known = [p for p in self.spec.sys_path if p]
         sys.path[:] = [*known, *(p for p in sys.path if p not in known)]
-        config = _prepareconfig([*self.spec.args, *RANK_ARGS], plugins=[self.plugin])
+        config = _prepareconfig(rank_args(self.spec.args), plugins=[self.plugin])
         for name, value in _RESET.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)

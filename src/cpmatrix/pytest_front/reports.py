@@ -65,8 +65,12 @@ def _sections(records: Mapping[int, Mapping[str, Any]], when: str) -> list[tuple
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
 #: What cpmatrix's worker prints when a pytest case fails: the rank's reports say it better.
-_WORKER_BLOCK = re.compile(r"^cpmatrix worker: cell .* failed on rank \d+:\n(?:.*\n)*?"
-                           r"cpmatrix\.pytest_front\.rank\.\w+: .*(?:\n|$)", re.M)
+#: The traceback's frames are indented lines, so a traceback the test printed before it
+#: (ending in its own exception line) is never swallowed with it. A SessionError stays:
+#: no report says what it says.
+_WORKER_BLOCK = re.compile(r"(?:cpmatrix worker: cell [^\n]* failed on rank \d+:\n)?"
+                           r"Traceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*?"
+                           r"cpmatrix\.pytest_front\.rank\.PytestFailure: [^\n]*\n?")
 
 
 def _where(stacks: str, test_file: str) -> str:
