@@ -69,6 +69,8 @@ def main() -> int:
     p.add_argument("-k", dest="keyword", default=None)
     p.add_argument("--order", choices=("native-first", "cpmatrix-first"),
                    default="cpmatrix-first")
+    p.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                   help="keep both runs' JUnit XML (native.xml, cpmatrix.xml) in DIR")
     args = p.parse_args()
     suite = args.suite.resolve()
     with tempfile.TemporaryDirectory(prefix="pytest-front-bench-") as tmp:
@@ -81,6 +83,9 @@ def main() -> int:
             junit = Path(tmp, f"{name}.xml")
             walls[name], summary = run(suite, runs[name], args.keyword, junit)
             found[name] = outcomes(junit)
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                (args.keep / junit.name).write_bytes(junit.read_bytes())
             print(f"{name:8}: {walls[name]:7.1f} s wall ({len(found[name])} tests; load "
                   f"{load:.1f} at start): {summary}", flush=True)
     native, mine = found["native"], found["cpmatrix"]

@@ -11,10 +11,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+#: The tests this rank's process has run (the module lives as long as the rank's session).
+RAN = []
+
 
 @pytest.mark.world(2)
 @pytest.mark.parametrize("k", range(3))
 def test_neighbour(rank, k):
+    RAN.append(f"neighbour{k}")
     t = torch.tensor([float(rank + k)])
     dist.all_reduce(t)
     assert t.item() == 1.0 + 2 * k
@@ -51,7 +55,11 @@ def test_assert_close_is_real(rank):
 
 @pytest.mark.world(2)
 @pytest.mark.isolated_world
-def test_isolated(rank):
-    # Its world is its own: the world's name says so, and no other test ran in it.
+@pytest.mark.parametrize("k", range(2))
+def test_isolated(rank, k):
+    # Its world is its own: the world's name says so, and no other test ran in its
+    # processes before it (not a neighbour, not the other isolated test).
     assert "isolated" in os.environ["CPMATRIX_WORLD"]
+    assert RAN == [], RAN
+    RAN.append(f"isolated{k}")
     dist.barrier()
