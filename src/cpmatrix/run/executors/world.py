@@ -278,13 +278,13 @@ class WorldRun:
                 self._report(i, result_from_outcomes(entry, outs, tails=self._tails(i)))
 
     def _with_folder(self, entry: Entry, result: Result) -> Result:
-        """A passed cell's working folder (``cwd``, ``home``, ``tmp`` of its ranks;
+        """A passed or skipped cell's working folder (``cwd``, ``home``, ``tmp`` of its ranks;
         remote/cellenv.py) is removed; a failed cell's is kept, and its result names it.
 
         Here, not in the ranks: the supervisor's process is off the cells' path (an
         ``rmtree`` in a rank cost 1-10 ms per cell on a loaded 2-core machine)."""
         rel = work_folder(entry.out_dir, self.name)
-        if result.status is Status.PASSED:
+        if result.status in (Status.PASSED, Status.SKIPPED):  # nothing there to look into
             _remove_folder(self.context.out_root / rel)
             return result
         if not (self.context.out_root / rel).is_dir():
