@@ -48,10 +48,19 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def first(matrix: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    # Not in the matrix's folder: that folder is on the ranks' sys.path (as for
+    # `python -m pytest` run there), so a `cache` folder created in it is a new
+    # importable name (a namespace package) and reruns every cell, as it should.
+    return {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache-home"))}
+
+
+@pytest.fixture(scope="module")
+def first(matrix: Path, cache_home: dict[str, str],
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("first") / "out"
     proc = run_cli("run", "--matrix", str(matrix), "--out", str(out), "--plain",
-                   env={"XDG_CACHE_HOME": str(matrix.parent / "cache")})
+                   env=cache_home)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
 
@@ -93,9 +102,10 @@ def test_a_run_reports_each_test_as_a_cell(first: tuple[Path, str]) -> None:
 
 
 def test_passes_are_cached_failures_run_again(matrix: Path, first: tuple[Path, str],
+                                              cache_home: dict[str, str],
                                               tmp_path: Path) -> None:
     proc = run_cli("run", "--matrix", str(matrix), "--out", str(tmp_path / "out"), "--plain",
-                   env={"XDG_CACHE_HOME": str(matrix.parent / "cache")})
+                   env=cache_home)
     assert proc.returncode == 1, proc.stdout[-3000:]
     status = {k: v["status"] for k, v in results(tmp_path / "out").items()}
     assert status["test_allreduce"] == "cached"
