@@ -19,12 +19,19 @@ PACKAGE = SRC / "cpmatrix"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
      "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.__main__"),
-    ("cpmatrix.matrix",),
+    # The pytest front's pure parts sit with the spec: a pytest target's cells, their
+    # sources, the verdict over the ranks' reports, and the collector's driver.
+    ("cpmatrix.matrix", "cpmatrix.pytest_front.spec", "cpmatrix.pytest_front.sources",
+     "cpmatrix.pytest_front.verdict", "cpmatrix.pytest_front.records",
+     "cpmatrix.pytest_front.collect"),
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
-    ("cpmatrix.remote",),
+    # ... its in-rank runner with the code that runs in the worlds' ranks ...
+    ("cpmatrix.remote", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank"),
     ("cpmatrix.report",),
     ("cpmatrix.run",),
+    # ... and the plugin, its controller and collector on top of the run they call.
+    ("cpmatrix.pytest_front",),
     ("cpmatrix.gate",),
     ("cpmatrix.cli",),
 )

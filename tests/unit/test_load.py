@@ -75,7 +75,7 @@ def test_allowed_keys_are_frozen() -> None:
         "defaults": ("mesh", "dtype", "autocast", "path"),
         "platform": ("backend", "device", "image", "env", "description", "max_ranks"),
         "target": ("name", "case", "level", "kind", "tags", "timeout", "platforms", "axes",
-                   "params", "description", "spill"),
+                   "params", "description", "spill", "pytest"),
         "target.axes": ("mesh", "dtype", "autocast", "path"),
         "target.spill": ("signature", "table", "configs", "archs", "num_warps", "num_stages",
                          "budget_bytes", "expect_spill"),
@@ -100,7 +100,7 @@ def test_complete_example_uses_every_allowed_key_and_loads() -> None:
     assert used == {section: set(keys) for section, keys in ALLOWED_KEYS.items()}
     matrix = load_matrix(COMPLETE)
     assert [t.name for t in matrix.targets] == ["ring_attention", "step_property",
-                                                "softmax_spill", "table_spill"]
+                                                "softmax_spill", "table_spill", "plain_pytest"]
     assert matrix.targets[1].kind == "property" and matrix.targets[1].timeout_s == 30
 
 
@@ -485,7 +485,7 @@ def test_spec_error_carries_its_parts() -> None:
     column = bad.index("kind: x") + len("kind: ") + 1
     assert (e.file, e.line, e.column, e.yaml_path) == ("inline.yaml", 5, column, "targets[0].kind")
     assert e.message == "unknown kind 'x'"
-    assert e.allowed == "parity, property, spill"
+    assert e.allowed == "parity, property, spill, pytest"
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,28 @@ def test_a_patch_is_reported_and_put_back(watch: NamespaceWatch, patch: str) -> 
     assert watch.after_cell() == []
 
 
+def test_the_record_of_a_cells_uncaught_exception_is_put_back_without_blame(
+        watch: NamespaceWatch) -> None:
+    # pytest's runner sets sys.last_type/value/traceback for every failing test (the
+    # pytest front runs tests in the ranks): a failing test is not a monkeypatching one,
+    # and the next cell starts without the record.
+    saved = {k: vars(sys).get(k) for k in ("last_type", "last_value", "last_traceback")}
+    watch.before_cell()
+    try:
+        raise ValueError("planted")
+    except ValueError as exc:
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+    assert watch.after_cell() == []
+    assert {k: vars(sys).get(k) for k in saved} == saved
+    hook = sys.excepthook
+    watch.before_cell()
+    sys.excepthook = lambda *a: None  # a real patch of sys is still one
+    try:
+        assert any("sys.excepthook" in p for p in watch.after_cell())
+    finally:
+        sys.excepthook = hook
+
+
 def test_a_librarys_own_updates_are_not_patches(watch: NamespaceWatch) -> None:
     import torch.compiler._cache as cache
 

@@ -201,7 +201,19 @@ class _Bucketed:
         return [clause for _, clause in sorted(hits, key=lambda oc: oc[0])]
 
 
-def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None) -> Expansion:
+#: Collects a ``pytest:`` target's cells: ``(matrix, target, its index) -> cells``.
+Collect = Callable[[Matrix, Target, int], list[Cell]]
+
+
+def _collect_target(matrix: Matrix, target: Target, index: int) -> list[Cell]:
+    """pytest's collection, in a subprocess (imported here: only pytest targets need it)."""
+    from cpmatrix.pytest_front.collect import collect_target
+
+    return collect_target(matrix, target, index)
+
+
+def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None,
+           collect: Collect | None = None) -> Expansion:
     """Expand ``matrix`` into its ordered cells and the combinations it left out.
 
     Cells come target by target (file order); within a target, platform then the
@@ -211,8 +223,12 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None) -> E
 
     ``source_of(module) -> bytes`` reads a case module's source for the digest; by
     default modules are looked up on the matrix's ``pythonpath`` then ``sys.path``.
+    A ``pytest:`` target's cells are its collected tests (``collect``; by default
+    :func:`cpmatrix.pytest_front.collect.collect_target`, which runs pytest's collection in
+    a subprocess); excludes and includes do not apply to them (select with ``-k``/``--tag``).
+
     Raises :class:`SpecError` when a case module is missing, an include applies to
-    no target, or two cells share an id.
+    no target, two cells share an id, or a pytest target collects nothing.
     """
     if source_of is None:
         source_of = ModuleSources(matrix.pythonpath).read
@@ -226,6 +242,9 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None) -> E
     excluded: list[Excluded] = []
 
     for ti, target in enumerate(matrix.targets):
+        if target.pytest:
+            cells.extend((collect or _collect_target)(matrix, target, ti))
+            continue
         module = target.case.split(":", 1)[0]
         if module not in source_hashes:
             try:

@@ -24,6 +24,7 @@ import yaml
 from cpmatrix.matrix.axes import axis_list, axis_value, where_of
 from cpmatrix.matrix.clauses import clause
 from cpmatrix.matrix.limits import check_ranks, check_size
+from cpmatrix.matrix.pytest_paths import pytest_paths
 from cpmatrix.matrix.schema import (
     ALLOWED_KEYS,
     ENV_NAME_RE,
@@ -33,6 +34,7 @@ from cpmatrix.matrix.schema import (
     MAX_RANKS,
     MAX_TIMEOUT_S,
     NAME_RE,
+    PYTEST_CASE,
     TARGET_AXES,
     TIMEOUT_CLASSES,
     VALUE_RE,
@@ -159,10 +161,15 @@ def _target(
     path: str,
     defaults: dict[str, tuple[str, ...]],
     platforms: tuple[str, ...],
+    base_dir: str = ".",
 ) -> Target:
     fields: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     for key, key_node, value_node in ctx.mapping(node, path, ALLOWED_KEYS["target"]):
         fields[key] = (key_node, value_node)
+    pytest: tuple[str, ...] = ()
+    if "pytest" in fields:
+        # A pytest target: its tests are the cells; the case is the front's in-rank runner.
+        pytest = _pytest_fields(ctx, node, path, fields, base_dir)
     for required in ("name", "case", "level"):
         if required not in fields:
             raise ctx.error(node, path, f"target needs {required!r}")
@@ -184,12 +191,15 @@ def _target(
     level_node = fields["level"][1]
     level = axis_value(ctx, "level", ctx.scalar(level_node, f"{path}.level"), level_node,
                         f"{path}.level")
-    kind = "parity"
+    kind = "pytest" if pytest else "parity"
     if "kind" in fields:
         kind_node = fields["kind"][1]
         kind = ctx.string(kind_node, f"{path}.kind")
         if kind not in KINDS:
             raise ctx.error(kind_node, f"{path}.kind", f"unknown kind {kind!r}", ", ".join(KINDS))
+        if kind == "pytest" and not pytest:
+            raise ctx.error(kind_node, f"{path}.kind", "a kind: pytest target names its tests "
+                            "with 'pytest:' (a file, folder or node id), not 'case:'")
     tags: list[str] = []
     if "tags" in fields:
         for value, item, ipath in ctx.scalar_list(fields["tags"][1], f"{path}.tags"):
@@ -258,6 +268,9 @@ def _target(
     elif "spill" in fields:
         raise ctx.error(fields["spill"][0], f"{path}.spill",
                         "a 'spill' block needs kind: spill")
+    if pytest:
+        # One cell per collected test and world: the mesh comes from each test.
+        axes = dict(_BUILTIN_DEFAULTS)
     return Target(
         name=name,
         case=case,
@@ -272,7 +285,32 @@ def _target(
         where=where_of(ctx, node),
         case_at=(case_node.start_mark.line + 1, case_node.start_mark.column + 1),
         spill=spill,
+        pytest=pytest,
     )
+
+
+def _pytest_fields(ctx: SpecReader, node: yaml.Node, path: str,
+                   fields: dict[str, tuple[yaml.Node, yaml.Node]],
+                   base_dir: str) -> tuple[str, ...]:
+    """Check a ``pytest:`` target's keys and read its paths; fills in its ``case`` (the
+    front's runner) and ``level`` (``unit`` unless given)."""
+    for key in ("case", "axes", "params", "spill"):
+        if key in fields:
+            raise ctx.error(fields[key][0], f"{path}.{key}",
+                            f"a pytest target takes no {key!r}: its cells are its collected "
+                            "tests, each in the world it asks for",
+                            "name, pytest, level, tags, timeout, platforms, description")
+    if "kind" in fields and ctx.scalar(fields["kind"][1], f"{path}.kind") != "pytest":
+        raise ctx.error(fields["kind"][1], f"{path}.kind",
+                        "a target with 'pytest:' is of kind pytest", "pytest")
+    value_node = fields["pytest"][1]
+    paths = pytest_paths(ctx, value_node, f"{path}.pytest", base_dir)
+    fields["case"] = (fields["pytest"][0], yaml.ScalarNode(
+        "tag:yaml.org,2002:str", PYTEST_CASE, value_node.start_mark, value_node.end_mark))
+    if "level" not in fields:
+        fields["level"] = (fields["pytest"][0], yaml.ScalarNode(
+            "tag:yaml.org,2002:str", "unit", value_node.start_mark, value_node.end_mark))
+    return paths
 
 
 def parse_matrix(text: str, file: str = "<matrix>", base_dir: str | None = None) -> Matrix:
@@ -320,7 +358,7 @@ def _matrix(ctx: SpecReader, root: yaml.Node, base_dir: str) -> Matrix:
     targets: list[Target] = []
     names: dict[str, int] = {}
     for i, node in enumerate(ctx.sequence(sections["targets"], "targets")):
-        t = _target(ctx, node, f"targets[{i}]", defaults, platform_names)
+        t = _target(ctx, node, f"targets[{i}]", defaults, platform_names, base_dir)
         if t.name in names:
             name_node = _child(node, "name")
             raise ctx.error(

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_RANKS",
     "MAX_TIMEOUT_S",
     "PATHS",
+    "PYTEST_CASE",
     "TARGET_AXES",
     "TIMEOUT_CLASSES",
     "Cell",
@@ -56,8 +57,11 @@ LEVELS: Final = ("unit", "layer", "module", "workflow")
 DTYPES: Final = tuple(TORCH_DTYPES)  # fp64, fp32, bf16, fp16
 AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
-#: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds.
-KINDS: Final = ("parity", "property", "spill")
+#: The case every ``pytest`` cell runs: the pytest front's in-rank runner.
+PYTEST_CASE: Final = "cpmatrix.pytest_front.rank:case"
+#: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds;
+#: ``pytest`` targets' collected tests too, each rank in a pytest session (docs/pytest.md).
+KINDS: Final = ("parity", "property", "spill", "pytest")
 #: The standard axes, in the order they appear in a cell id.
 AXES: Final = ("level", "mesh", "dtype", "autocast", "path")
 #: The standard axes a target takes a list of values for (``level`` is one value).
@@ -81,6 +85,7 @@ ALLOWED_KEYS: Final[dict[str, tuple[str, ...]]] = {
         "params",
         "description",
         "spill",
+        "pytest",
     ),
     "target.axes": TARGET_AXES,
     "target.spill": (
@@ -302,6 +307,9 @@ class Target:
     case_at: tuple[int, int] = (0, 0)
     #: For ``kind: spill``: the kernel's compile spec (``case`` names the kernel).
     spill: SpillBlock | None = None
+    #: For ``kind: pytest``: the files, folders and node ids (absolute) whose collected
+    #: tests are its cells (docs/pytest.md).
+    pytest: tuple[str, ...] = ()
 
     def axis(self, name: str) -> tuple[str, ...]:
         for key, values in self.axes:
@@ -391,6 +399,9 @@ class Cell:
     #: The case module's file whose source the digest covers; the worker refuses to run
     #: the case from any other file (a module of the same name earlier on its path).
     case_file: str = field(compare=False, default="")
+    #: For pytest cells: the canonical JSON of the test to run (its node id, dialect) and
+    #: of the pytest session it was collected in (``cpmatrix.pytest_front.spec``).
+    pytest: str = ""
 
     @property
     def world_size(self) -> int:
@@ -420,6 +431,7 @@ class Cell:
             "digest": self.digest,
             "params": dict(self.params),
             **({"spill": json.loads(self.spill)} if self.spill else {}),
+            **({"pytest": json.loads(self.pytest)} if self.pytest else {}),
         }
 
     @classmethod
@@ -443,4 +455,6 @@ class Cell:
             tags=tuple(str(t) for t in tags),
             digest=str(d.get("digest", "")),
             spill=json.dumps(d["spill"], sort_keys=True) if d.get("spill") else "",
+            pytest=json.dumps(d["pytest"], sort_keys=True, separators=(",", ":"))
+            if d.get("pytest") else "",
         )

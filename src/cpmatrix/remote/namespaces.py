@@ -49,7 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BUNDLED_CASES", "SELF_PATCHING", "NamespaceWatch", "version_tags_work"]
+__all__ = ["BUNDLED_CASES", "INTERPRETER_RECORDS", "SELF_PATCHING", "NamespaceWatch",
+           "version_tags_work"]
 
 #: Bundled case packages inside cpmatrix: reloaded like a project's own cases.
 BUNDLED_CASES = ("cpmatrix.suite", "cpmatrix.recipes")
@@ -59,6 +60,13 @@ _MISSING: Any = object()
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
 #: Names the interpreter itself writes into any module (a warning's once-registry).
 _BOOKKEEPING = frozenset({"__warningregistry__"})
+#: Names the interpreter itself writes, put back after every cell without blame:
+#: ``sys.last_*`` record the last uncaught exception (set by the traceback machinery,
+#: pytest's runner for post-mortem debugging, ``code.interact``); a cell's record of its
+#: own failure is not a patch, and the next cell must not see it.
+INTERPRETER_RECORDS: dict[str, frozenset[str]] = {
+    "sys": frozenset({"last_type", "last_value", "last_traceback", "last_exc"}),
+}
 #: Namespaces their own library rewrites as it runs, with values of any origin: not
 #: compared (docs/running.md lists them under "Not covered").
 SELF_PATCHING = {
@@ -343,6 +351,11 @@ class NamespaceWatch:
         for i in self._written():
             space = self.spaces[i]
             keys = space.changes(self._submodule, self._from_project)
+            quiet = INTERPRETER_RECORDS.get(space.name)
+            if quiet:
+                space.put_back([k for k in quiet if space.namespace.get(k, _MISSING)
+                                is not space.copy.get(k, _MISSING)])
+                keys = [k for k in keys if k not in quiet]
             if keys:
                 space.put_back(keys)
                 patched += [f"{space.name}.{k}" for k in keys]

@@ -127,6 +127,11 @@ class WorldSpec(_Json):
     cells: list[CellSpec]
     #: Per cell, the world ranks it runs on, in its own rank order (empty: ``0..k-1``).
     placement: list[list[int]] = field(default_factory=list)
+    #: ``module:function`` each rank calls as ``fn(world, rank)`` once, before the
+    #: isolation baseline is taken (so what it sets up is part of every cell's starting
+    #: state): the pytest front's in-rank session (:mod:`cpmatrix.pytest_front.rank`).
+    #: Empty: none.
+    prepare: str = ""
 
     def ranks_of(self, index: int) -> tuple[int, ...]:
         """The world ranks cell ``index`` runs on; its rank ``r`` is ``ranks_of(i)[r]``.

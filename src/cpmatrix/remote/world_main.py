@@ -286,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    if world.prepare:
+        # Before the baseline (the rank's isolation, below): what it sets up (the pytest
+        # front's session, its imports and sys.path) is every cell's starting state, not
+        # a cell's change.
+        _prepare(world, rank)
+
     if world.device == "cuda":
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=world.pg_timeout_s)
@@ -303,6 +309,16 @@ def main(argv: list[str] | None = None) -> int:
     # Out of cells, maybe long before the other ranks: an exit the supervisor expects.
     write_typed(world_dir / f"rank{rank}.left", RankLeft(rank=rank, run=world.run_id))
     return 0
+
+
+def _prepare(world: WorldSpec, rank: int) -> None:
+    """Call ``world.prepare`` (``module:function``) as ``fn(world, rank)``.
+
+    It must not raise (an error there is its cells' to report); if it does, the rank
+    exits with the traceback in its log and the world counts as not started.
+    """
+    module_name, _, attr = world.prepare.partition(":")
+    getattr(importlib.import_module(module_name), attr)(world, rank)
 
 
 class _Rank:
@@ -334,7 +350,8 @@ class _Rank:
         # snapshot, which then holds the wrappers as torch's own.
         self.ledger = GroupLedger()
         self.isolation = CellIsolation(project_roots=world.project_roots, log=log,
-                                       namespaces=_PREBUILT[0] if _PREBUILT else None)
+                                       namespaces=_PREBUILT[0] if _PREBUILT and not world.prepare
+                                       else None)
         # What each cell reads completes the cache key (the run's own folder is the
         # cells': their working folders, HOME and TMPDIR are under it).
         self.observer = ReadObserver(skip=(world.out_root, world.dir))

@@ -78,8 +78,11 @@ class RunSource:
         return cls(**values)
 
 
-def matrix_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 of a matrix file's bytes."""
+def matrix_digest(path: str | os.PathLike[str], made: object | None = None) -> str:
+    """sha256 of a matrix file's bytes; for a matrix made in code (``made``, the pytest
+    front's: its path names no file), of its description instead."""
+    if made is not None and not Path(path).is_file():
+        return hashlib.sha256(b"made in code\0" + repr(made).encode()).hexdigest()
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
@@ -102,9 +105,11 @@ def git_commit(folder: str | os.PathLike[str]) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def run_source(matrix_path: str | os.PathLike[str], keys: ActionKeys) -> RunSource:
-    """This run's source identity (reads the matrix file, asks git)."""
-    return RunSource(matrix=matrix_digest(matrix_path), cpmatrix=__version__,
+def run_source(matrix_path: str | os.PathLike[str], keys: ActionKeys,
+               made: object | None = None) -> RunSource:
+    """This run's source identity (reads the matrix file, asks git); ``made``: the matrix
+    itself, for one made in code rather than read from ``matrix_path``."""
+    return RunSource(matrix=matrix_digest(matrix_path, made), cpmatrix=__version__,
                      runtime=keys.runtime_digest,
                      commit=git_commit(Path(matrix_path).resolve().parent))
 

@@ -79,11 +79,11 @@ class RunReport:
 
     @property
     def worlds(self) -> int:
-        return self.planned.get("world", 0)
+        return self.planned.get("world", 0) + self.planned.get("pytest", 0)
 
     @property
     def world_starts(self) -> int:
-        return self.starts.get("world", 0)
+        return self.starts.get("world", 0) + self.starts.get("pytest", 0)
 
     def mutant_line(self) -> str:
         """``mutants: K/J killed (kill rate X%)`` over the judged ones, naming the

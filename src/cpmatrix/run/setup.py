@@ -187,7 +187,7 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     anchors = probe.anchors(project_root(matrix.path))
     toolchain = probe.identity(anchors)
     keys = keys if keys is not None else ActionKeys(search_path=matrix.pythonpath)
-    source = run_source(matrix.path, keys)
+    source = run_source(matrix.path, keys, made=matrix)
     mine = cell_digests(cells, keys)
     context = replace(make_context(matrix, out, runner, options, claim.run_id),
                       sources=stamp(mine, source), order=order)

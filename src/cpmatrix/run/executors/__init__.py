@@ -2,8 +2,8 @@
 
 Example::
 
-    >>> executor_for("parity").name, executor_for("spill").name
-    ('world', 'compile')
+    >>> executor_for("parity").name, executor_for("spill").name, executor_for("pytest").name
+    ('world', 'compile', 'pytest')
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from typing import Final
 
 from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.executors.compile import CompileExecutor
+from cpmatrix.run.executors.pytest_world import PytestExecutor
 from cpmatrix.run.executors.world_executor import WorldExecutor
 
 __all__ = ["EXECUTORS", "Executor", "Job", "executor_for"]
 
 #: Every executor, in the order a run starts their jobs (compiles take seconds: first).
-EXECUTORS: Final[tuple[Executor, ...]] = (CompileExecutor(), WorldExecutor())
+EXECUTORS: Final[tuple[Executor, ...]] = (CompileExecutor(), WorldExecutor(), PytestExecutor())
 #: A cell kind (``matrix.schema.KINDS``) -> the name of the executor that runs it.
-_BY_KIND: Final = {"parity": "world", "property": "world", "spill": "compile"}
+_BY_KIND: Final = {"parity": "world", "property": "world", "spill": "compile",
+                   "pytest": "pytest"}
 
 
 def executor_for(kind: str) -> Executor:

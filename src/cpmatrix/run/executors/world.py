@@ -92,6 +92,9 @@ def _read_text(path: Path) -> str:
 class WorldRun:
     """One torchrun launch over ``entries``; poll it until ``finished``."""
 
+    #: ``WorldSpec.prepare``: what every rank sets up before its first cell (a subclass's).
+    prepare = ""
+
     def __init__(self, name: str, entries: Sequence[Entry], platform: Platform,
                  context: RunContext, devices: tuple[int, ...] = ()) -> None:
         assert entries, "a world needs at least one cell"
@@ -137,6 +140,10 @@ class WorldRun:
     def token(self) -> str:
         return self.child.token
 
+    def cell_spec(self, entry: Entry) -> CellSpec:
+        """What the ranks get of ``entry`` (a subclass may add to its params)."""
+        return cell_spec(entry)
+
     # ----------------------------------------------------------------- launch
     def start(self) -> None:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
@@ -154,8 +161,8 @@ class WorldRun:
                 device=self.platform.device, platform=self.platform.name,
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
-                cells=[cell_spec(e) for e in self.entries],
-                placement=[list(p) for p in self.placement],
+                cells=[self.cell_spec(e) for e in self.entries],
+                placement=[list(p) for p in self.placement], prepare=self.prepare,
             )
             world_file = self.dir / "world.json"
             write_typed(world_file, world)
@@ -289,13 +296,13 @@ class WorldRun:
                 self._report(i, result_from_outcomes(entry, outs, tails=self._tails(i)))
 
     def _with_folder(self, entry: Entry, result: Result) -> Result:
-        """A passed cell's working folder (``cwd``, ``home``, ``tmp`` of its ranks;
+        """A passed or skipped cell's working folder (``cwd``, ``home``, ``tmp`` of its ranks;
         remote/cellenv.py) is removed; a failed cell's is kept, and its result names it.
 
         Here, not in the ranks: the supervisor's process is off the cells' path (an
         ``rmtree`` in a rank cost 1-10 ms per cell on a loaded 2-core machine)."""
         rel = work_folder(entry.out_dir, self.name)
-        if result.status is Status.PASSED:
+        if result.status in (Status.PASSED, Status.SKIPPED):  # nothing there to look into
             _remove_folder(self.context.out_root / rel)
             return result
         if not (self.context.out_root / rel).is_dir():

@@ -1,0 +1,117 @@
+"""The one place the pytest plugin calls cpmatrix's run.
+
+:func:`run_tests` takes the cells of a pytest run and hands them to the same steps
+``cpmatrix run`` uses: claim the output folder, prepare (runner, context, toolchain,
+cache), pack and run the worlds (``run.session.run_cells``), with Ctrl-C and SIGTERM
+stopping the worlds and the report written. When the run gets its front door
+(``run/pipeline.py``: claim -> shard -> prepare -> pack -> schedule -> run -> report),
+this function becomes a call to it; nothing else in the front knows the run's parts.
+
+A pytest run has no matrix file: the run gets one made in memory, with one platform
+(gloo on the CPU, or nccl on the GPUs), the user's ``PYTHONPATH`` as its ``pythonpath``,
+and the rootdir as its folder (the sandbox runner mounts it read-only).
+
+Example::
+
+    report = run_tests(cells, FrontSettings(out=Path(".cpmatrix"), rootdir=Path(".")),
+                       platform=Platform(name="cpu", backend="gloo", device="cpu"),
+                       on_result=show)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from cpmatrix.matrix.schema import Cell, Matrix, Platform
+from cpmatrix.result import Result
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.outdir import claim_out
+from cpmatrix.run.session import RunReport, run_cells
+from cpmatrix.run.setup import pack_spec, prepare_run
+from cpmatrix.run.stopping import StopRequested, stop_on_signals
+
+__all__ = ["FrontSettings", "platform_for", "run_tests"]
+
+#: Variables of the user's environment the ranks never see: the world sets its own (the
+#: rank's identity, its home and temporary folders, the import path).
+_WORLD_OWNS = frozenset({
+    "HOME", "TMPDIR", "TMP", "TEMP", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONPATH",
+    "PYTHONSAFEPATH", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+    "PYTEST_CURRENT_TEST", "OMP_NUM_THREADS",
+})
+_WORLD_OWNS_PREFIXES = ("TORCHELASTIC_", "PYTEST_XDIST_", "CPMATRIX_WORLD")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontSettings:
+    """What ``--cpmatrix-*`` options ask of the run."""
+
+    out: Path
+    rootdir: Path
+    #: The run's options (``--cpmatrix-runner``, ``--cpmatrix-world-ranks``, ...); the
+    #: cache is off unless asked (``--cpmatrix-cache``): a pytest run runs its tests.
+    options: RunOptions = field(default_factory=lambda: RunOptions(no_cache=True))
+    #: The user's environment, passed to the ranks (less what the world owns).
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def platform_for(device: str, env: Mapping[str, str]) -> Platform:
+    """The one platform of a pytest run: ``cpu`` (gloo) or ``cuda`` (nccl), with the
+    user's environment for the ranks.
+
+    >>> platform_for("cpu", {"HOME": "/root", "MY_FLAG": "1", "RANK": "3"}).env
+    (('MY_FLAG', '1'),)
+    """
+    passed = tuple(sorted((k, v) for k, v in env.items() if k not in _WORLD_OWNS
+                          and not k.startswith(_WORLD_OWNS_PREFIXES)))
+    if device == "cuda":
+        return Platform(name="cuda", backend="nccl", device="cuda", env=passed)
+    return Platform(name="cpu", backend="gloo", device="cpu", env=passed)
+
+
+def run_tests(cells: Sequence[Cell], settings: FrontSettings, *, platform: Platform,
+              on_result: Callable[[Entry, Result], None],
+              on_start: Callable[[int], None] | None = None) -> RunReport:
+    """Run ``cells`` in cpmatrix's worlds; ``on_result`` sees each result as it comes.
+
+    Raises :class:`~cpmatrix.errors.UsageError` for what cannot run here (the output
+    folder in use, no GPU for cuda cells).
+    """
+    pythonpath = tuple(p for p in settings.env.get("PYTHONPATH", "").split(os.pathsep)
+                       if p and os.path.isdir(p))
+    # No matrix file: the run's own, made here. Its folder is the rootdir.
+    matrix = Matrix(path=str(settings.rootdir / "pytest"), version=1, platforms=(platform,),
+                    targets=(), pythonpath=tuple(os.path.abspath(p) for p in pythonpath))
+    options = replace(settings.options, out=str(settings.out))
+    claim = claim_out(settings.out.resolve())
+    try:
+        prepared = prepare_run(options, matrix, list(cells), claim)
+        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
+        context = replace(prepared.context, pack=pack)
+        with stop_on_signals() as stopper:
+
+            def whole(entry: Entry, result: Result) -> None:
+                # A test being reported is reported whole (its setup, call and teardown
+                # reports, as --junitxml needs them): Ctrl-C meanwhile waits for it, then
+                # stops the run. (Once the run is stopping, the stopper is held already.)
+                held, signum = stopper.held, stopper.signum
+                stopper.held = True
+                try:
+                    on_result(entry, result)
+                finally:
+                    stopper.held = held
+                if not held and signum is None and stopper.signum is not None:
+                    raise StopRequested(stopper.signum)
+
+            return run_cells(
+                prepared.cells, prepared.platforms, context, batch_size=options.batch_size,
+                jobs=options.jobs, devices=prepared.devices, cached=prepared.cached,
+                store=prepared.store, on_result=whole, on_start=on_start,
+                stopper=stopper, skipped=prepared.skipped)
+    finally:
+        claim.release()

@@ -1,0 +1,54 @@
+"""The collector of a ``pytest:`` matrix target (a subprocess; the tests import torch).
+
+Usage (:mod:`cpmatrix.pytest_front.collect` runs it, in the matrix file's folder)::
+
+    python -m cpmatrix.pytest_front.collect_main OUT.json -- tests/dist tests/x.py::test_y
+
+Collects the tests as ``pytest --collect-only`` would and writes to ``OUT.json`` how a
+rank re-creates the session and every test, multi-rank or not (a test that needs no ranks
+becomes a cell of one rank), with the dialect, worlds, timeout and sources' digest of each
+(:mod:`cpmatrix.pytest_front.collected`). Exit code: pytest's.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.pytest_front.collected import local_test, session_of, tests_of
+
+__all__ = ["main"]
+
+
+class _Collector:
+    def __init__(self, out: str, args: list[str]) -> None:
+        self.out = out
+        self.args = args
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        local, tests = tests_of(session.items, session.config)
+        tests += [local_test(item, session.config) for item in local]
+        order = {item.nodeid: i for i, item in enumerate(session.items)}
+        tests.sort(key=lambda t: order.get(t.nodeid, 0))
+        atomic_write_json(self.out, {
+            "session": session_of(session.config, self.args).to_json(),
+            "tests": [t.to_dict() for t in tests],
+        })
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[1] != "--":
+        print("usage: python -m cpmatrix.pytest_front.collect_main OUT.json -- PATH...",
+              file=sys.stderr)
+        return 4
+    out, paths = args[0], args[2:]
+    return int(pytest.main([*paths, "--collect-only", "-q", "-p", "no:cacheprovider"],
+                           plugins=[_Collector(out, paths)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""``pytest --cpmatrix``: the run loop that sends multi-rank tests to cpmatrix's worlds.
+
+Registered by the plugin when ``--cpmatrix`` is given, it takes over pytest's run loop
+(``pytest_runtestloop``), as pytest-xdist's controller does:
+
+1. the tests that need no ranks (:func:`~cpmatrix.pytest_front.dialects.placement` is
+   None) run here first, one by one, exactly as pytest runs them;
+2. the multi-rank ones become cells (:func:`~cpmatrix.pytest_front.spec.cells_for`) and
+   run in persistent worlds (:func:`~cpmatrix.pytest_front.adapter.run_tests`); each is
+   reported through pytest's own hooks as its cell finishes
+   (``pytest_runtest_logstart``/``logreport``/``logfinish``, the ranks' warnings too).
+
+``-x``/``--maxfail`` stop the worlds at the failure that reaches the limit; Ctrl-C stops
+them and the tests that finished stay reported (``--junitxml`` holds them); the exit
+codes are pytest's.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from cpmatrix.errors import UsageError
+from cpmatrix.matrix.schema import Platform
+from cpmatrix.pytest_front.adapter import FrontSettings, run_tests
+from cpmatrix.pytest_front.collected import session_of, tests_of
+from cpmatrix.pytest_front.records import judge_files
+from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
+from cpmatrix.pytest_front.spec import PytestTest, cell_test, cells_for
+from cpmatrix.pytest_front.verdict import Verdict
+from cpmatrix.result import Result, Status
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.session import RunReport
+from cpmatrix.run.stopping import StopRequested
+
+__all__ = ["Controller"]
+
+
+class Controller:
+    """The ``--cpmatrix`` run loop (a pytest plugin object)."""
+
+    def __init__(self, config: Any, settings: FrontSettings, platform: Platform,
+                 timeout_s: int) -> None:
+        self.config = config
+        self.settings = settings
+        self.platform = platform
+        self.timeout_s = timeout_s
+        self.report: RunReport | None = None
+        self.tests = 0
+        self._items: dict[str, Any] = {}
+        #: Per item, the cells still running (a DeepSpeed-style list of sizes: several).
+        self._pending: dict[str, list[str]] = {}
+        self._done: dict[str, list[tuple[str, Verdict, Any, Result, Entry]]] = {}
+        self._warned: set[tuple[str, str, str, int]] = set()
+        self._stopping = False
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: Any) -> bool:
+        if session.testsfailed and not session.config.option.continue_on_collection_errors:
+            raise session.Interrupted(f"{session.testsfailed} error"
+                                      f"{'s' if session.testsfailed != 1 else ''} during "
+                                      "collection")
+        if session.config.option.collectonly:
+            return True
+        local, tests = tests_of(session.items, self.config)
+        for i, item in enumerate(local):
+            nextitem = local[i + 1] if i + 1 < len(local) else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            self._check_stop(session)
+        if tests:
+            self._run_worlds(session, tests)
+        return True
+
+    def _check_stop(self, session: Any) -> None:
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+
+    def _run_worlds(self, session: Any, tests: list[PytestTest]) -> None:
+        by_nodeid = {item.nodeid: item for item in session.items}
+        cells = cells_for(tests, session_of(self.config), platform=self.platform,
+                          timeout_s=self.timeout_s)
+        self.tests = len(tests)
+        for cell in cells:
+            nodeid = cell_test(cell)["nodeid"]
+            self._items[cell.id] = by_nodeid[nodeid]
+            self._pending.setdefault(nodeid, []).append(cell.id)
+        try:
+            self.report = run_tests(cells, self.settings, platform=self.platform,
+                                    on_result=self._on_result)
+        except UsageError as exc:
+            raise pytest.UsageError(f"cpmatrix: {exc}") from None
+        if self._stopping:
+            self._check_stop(session)
+        if self.report.stopped_by is not None:
+            name = signal.Signals(self.report.stopped_by).name
+            if self.report.stopped_by == signal.SIGINT:
+                raise KeyboardInterrupt(f"cpmatrix: stopped by {name}")
+            pytest.exit(f"cpmatrix: stopped by {name}; the finished tests are reported",
+                        returncode=128 + int(self.report.stopped_by))
+
+    def _on_result(self, entry: Entry, result: Result) -> None:
+        if result.status is Status.INTERRUPTED:
+            return  # never finished: not reported, as pytest does for tests not run
+        item = self._items[entry.cell.id]
+        verdict, records = judge_files(self.settings.out / entry.out_dir,
+                                       entry.cell.world_size, result, item.nodeid)
+        self._done.setdefault(item.nodeid, []).append(
+            (str(entry.cell.mesh), verdict, records, result, entry))
+        pending = self._pending[item.nodeid]
+        pending.remove(entry.cell.id)
+        if pending:
+            return
+        self._log(item, self._done.pop(item.nodeid))
+        session = item.session
+        if (session.shouldfail or session.shouldstop) and not self._stopping:
+            self._stopping = True
+            raise StopRequested(signal.SIGINT)  # the run stops its worlds; we re-raise
+
+    def _log(self, item: Any, done: list[tuple[str, Verdict, Any, Result, Entry]]) -> None:
+        _, verdict, records, result, entry = _worst(done)
+        hook = item.ihook
+        hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        reports = reports_for(item, verdict, records, result, self.config,
+                              cell_dir=self.settings.out / entry.out_dir,
+                              size=entry.cell.world_size)
+        if len(done) > 1:
+            note = "; ".join(f"world {m}: {v.summary()}" for m, v, _, _, _ in done)
+            for r in reports:
+                r.sections.append(("cpmatrix: every world of the test", note))
+        subtests = subreports_for(verdict, records, self.config)
+        for report in reports:
+            if report.when == "call":
+                for sub in subtests:
+                    hook.pytest_runtest_logreport(report=sub)
+            hook.pytest_runtest_logreport(report=report)
+        replay_warnings(self.config, item, records, self._warned)
+        hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+    def summary_line(self) -> str:
+        if self.report is None:
+            return ""
+        worlds = self.report.planned.get("pytest", 0)
+        starts = self.report.starts.get("pytest", 0)
+        return (f"cpmatrix: {self.tests} multi-rank tests in {worlds} world"
+                f"{'s' if worlds != 1 else ''} ({starts} world start"
+                f"{'s' if starts != 1 else ''}), {self.report.wall_s:.1f} s; ranks' logs "
+                f"and reports in {self.settings.out}")
+
+
+_RANK = {"failed": 0, "error": 0, "skipped": 1, "xfailed": 2, "xpassed": 3, "passed": 4}
+
+
+_Done = tuple[str, Verdict, Any, Result, Entry]
+
+
+def _worst(done: list[_Done]) -> _Done:
+    """Of a test's worlds (one per size), the one that tells its outcome: a failure first,
+    then a skip (the first world's skip ends a DeepSpeed-style test natively)."""
+    return min(done, key=lambda d: _RANK.get(d[1].outcome, 9))

@@ -1,0 +1,108 @@
+"""The reports each rank of a pytest cell left, read back (by the job and the controller).
+
+A rank writes ``<out>/<cell folder>/rank<R>/pytest.json`` (:mod:`cpmatrix.pytest_front.rank`):
+its classified phases, pytest's serialized reports and the warnings recorded. A rank
+that died before writing it, or a file of another shape, reads as no reports at all.
+
+Example::
+
+    >>> from pathlib import Path
+    >>> load(Path("/nonexistent"), 2)
+    {}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cpmatrix.fsutil import read_json
+from cpmatrix.pytest_front.verdict import PYTEST_CHECK, RankPhase, Verdict, judge
+from cpmatrix.result import FailureKind, RankFailure, Result, Status
+
+__all__ = ["REPORTS_FILE", "judge_files", "judged_result", "load", "phases_of"]
+
+#: The file a rank writes in its folder of the cell.
+REPORTS_FILE = "pytest.json"
+
+
+def load(cell_dir: Path, size: int, nodeid: str | None = None) -> dict[int, dict[str, Any]]:
+    """rank -> its record, for the ranks that left one (of ``nodeid``, when given)."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in range(size):
+        try:
+            data = read_json(cell_dir / f"rank{r}" / REPORTS_FILE)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("phases"), list):
+            continue
+        if nodeid is not None and data.get("nodeid") != nodeid:
+            continue
+        out[r] = data
+    return out
+
+
+def phases_of(records: Mapping[int, Mapping[str, Any]]) -> dict[int, list[RankPhase]]:
+    """rank -> its classified phases."""
+    out: dict[int, list[RankPhase]] = {}
+    for r, record in records.items():
+        try:
+            out[r] = [RankPhase.from_dict(p) for p in record["phases"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _text(records: Mapping[int, Mapping[str, Any]], rank: int, when: str) -> str:
+    for p in records.get(rank, {}).get("phases", ()):
+        if p.get("when") == when:
+            return str(p.get("text", ""))
+    return ""
+
+
+def judged_result(result: Result, verdict: Verdict,
+                  records: Mapping[int, Mapping[str, Any]]) -> Result:
+    """The cell's result as the test's verdict says: passed, xfailed and xpassed are
+    ``passed``, a skip ``skipped``, a failure ``failed`` (a crash or hang keeps its status
+    and stacks), each failure with the rank's own pytest report as its traceback."""
+    evidence = {**result.evidence, "pytest": verdict.outcome}
+    if verdict.ok:
+        status = Status.SKIPPED if verdict.outcome == "skipped" else (
+            Status.CACHED if result.status is Status.CACHED else Status.PASSED)
+        message = verdict.summary() if verdict.outcome != "passed" else ""
+        return replace(result, status=status, kind=None, failing_ranks=(), failures=(),
+                       message=message, evidence=evidence)
+    mine: list[RankFailure] = []
+    for phase in verdict.phases:
+        if phase.outcome != "failed":
+            continue
+        if phase.rank is not None:
+            mine.append(RankFailure(rank=phase.rank, message=phase.summary,
+                                    traceback=_text(records, phase.rank, phase.when),
+                                    check=PYTEST_CHECK))
+        elif not result.failures or result.kind is FailureKind.ERROR:
+            rank = verdict.failing_ranks[0] if verdict.failing_ranks else 0
+            mine.append(RankFailure(rank=rank, message=phase.summary, traceback=phase.message,
+                                    check=PYTEST_CHECK))
+    kept: Sequence[RankFailure] = [f for f in result.failures if f.check != PYTEST_CHECK
+                                   or "process_state:" in f.message]
+    if result.kind in (FailureKind.CRASH, FailureKind.TIMEOUT):
+        kept = result.failures  # the stacks, the dead rank: the world's story stands
+    status = result.status if result.status in (Status.CRASH, Status.TIMEOUT, Status.FLAKY,
+                                                Status.INTERRUPTED) else Status.FAILED
+    # A crash, a hang, a flaky rerun: the world's own message tells it (judging the
+    # result again must read the same story); a test's own failure: its verdict.
+    world_told = status in (Status.CRASH, Status.TIMEOUT, Status.FLAKY, Status.INTERRUPTED)
+    return replace(result, status=status, kind=result.kind or FailureKind.ERROR,
+                   failing_ranks=verdict.failing_ranks or result.failing_ranks,
+                   failures=(*mine, *kept), evidence=evidence,
+                   message=result.message if world_told else verdict.summary())
+
+
+def judge_files(cell_dir: Path, size: int, result: Result,
+                nodeid: str | None = None) -> tuple[Verdict, dict[int, dict[str, Any]]]:
+    """The test's verdict from the ranks' files and the world's ``result``."""
+    records = load(cell_dir, size, nodeid)
+    return judge(phases_of(records), size=size, result=result), records

@@ -1,0 +1,93 @@
+"""The executor of ``pytest`` cells: worlds whose ranks each hold a pytest session.
+
+A pytest cell (:mod:`cpmatrix.pytest_front.spec`) runs like any world cell, packed onto
+the ranks of a world (:class:`~cpmatrix.run.executors.world.WorldRun`), with two
+differences:
+
+- every rank first builds the pytest session its tests were collected in
+  (``WorldSpec.prepare`` = :func:`cpmatrix.pytest_front.rank.prepare`); tests of different
+  sessions (other rootdirs or command lines) never share a world;
+- each result is judged from the ranks' own pytest reports
+  (:func:`cpmatrix.pytest_front.verdict.judge`): a skip agreed by every rank is
+  ``skipped``, an expected failure ``passed``, a failure carries the failing rank's
+  pytest report.
+
+A test marked ``isolated_world`` gets a world of its own.
+
+Example::
+
+    >>> PytestExecutor().name, PytestExecutor().retries_crashes
+    ('pytest', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.pytest_front.records import judge_files, judged_result
+from cpmatrix.pytest_front.spec import ISOLATED_TAG, cell_test
+from cpmatrix.remote.protocol import CellSpec
+from cpmatrix.result import Result
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.world import WorldRun
+from cpmatrix.run.executors.world_executor import WorldExecutor
+from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.plan import Batch
+
+__all__ = ["PytestExecutor", "PytestWorldRun"]
+
+
+class PytestWorldRun(WorldRun):
+    """A world of pytest cells; each result judged from the ranks' pytest reports."""
+
+    prepare = "cpmatrix.pytest_front.rank:prepare"
+
+    def cell_spec(self, entry: Entry) -> CellSpec:
+        """The cell with its test (node id, dialect, session) in its params."""
+        spec = super().cell_spec(entry)
+        return replace(spec, params={**spec.params, **cell_test(entry.cell)})
+
+    def _report(self, i: int, result: Result) -> None:
+        entry = self.entries[i]
+        nodeid = cell_test(entry.cell).get("nodeid", "")
+        verdict, records = judge_files(self.context.out_root / entry.out_dir,
+                                       entry.cell.world_size, result, nodeid or None)
+        super()._report(i, judged_result(result, verdict, records))
+
+
+class PytestExecutor(WorldExecutor):
+    """Pytest cells in worlds: one per pytest session, and one per isolated test."""
+
+    name = "pytest"
+    noun = "a pytest world"
+    plural = "pytest worlds"
+    supports_mutants = False
+
+    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
+             batch_size: int | None, keep_order: bool,
+             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
+             pack: PackSpec | None = None) -> list[Batch]:
+        sessions: dict[str, list[Cell]] = {}
+        for c in cells:
+            sessions.setdefault(cell_test(c).get("session", ""), []).append(c)
+        batches: list[Batch] = []
+        for s, mine in enumerate(sessions.values()):
+            shared = [c for c in mine if ISOLATED_TAG not in c.tags]
+            alone = [c for c in mine if ISOLATED_TAG in c.tags]
+            for prefix, group, size in ((f"pytest{s}", shared, batch_size),
+                                        (f"pytest{s}-isolated", alone, 1)):
+                if not group:
+                    continue
+                for b in super().plan(group, durations=durations, batch_size=size,
+                                      keep_order=keep_order, mutants=None, worlds=worlds,
+                                      pack=pack):
+                    batches.append(replace(b, name=f"{prefix}-{b.name}"))
+        batches.sort(key=lambda b: -b.world_size)
+        return batches
+
+    def job(self, name: str, entries: Sequence[Entry], platform: Platform,
+            context: RunContext, devices: tuple[int, ...]) -> PytestWorldRun:
+        return PytestWorldRun(name, entries, platform, context, devices)

@@ -1,0 +1,69 @@
+"""The rank's command line (pytest-timeout's options dropped, whatever their form) and the
+worker's own traceback of a failing pytest cell, cut from a rank's log."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpmatrix.pytest_front.rank import RANK_ARGS, rank_args
+from cpmatrix.pytest_front.reports import _WORKER_BLOCK
+
+
+@pytest.mark.parametrize("args, kept", [
+    (["tests", "--timeout", "5", "-x"], ["tests", "-x"]),
+    (["tests", "--timeout=5", "-x"], ["tests", "-x"]),
+    (["--timeout_method", "thread", "--timeout-method=signal", "t"], ["t"]),
+    (["--session-timeout", "60", "t"], ["t"]),
+    # Flags take no value: the argument after them stays.
+    (["--timeout-disable-debugger-detection", "t"], ["t"]),
+    (["--timeout_func_only", "t", "--timeout-func-only", "u"], ["t", "u"]),
+    # Options that merely start alike are not pytest-timeout's.
+    (["--timeouts", "3", "t"], ["--timeouts", "3", "t"]),
+    (["-k", "timeout", "t"], ["-k", "timeout", "t"]),
+])
+def test_pytest_timeouts_options_are_dropped_from_a_ranks_command_line(
+        args: list[str], kept: list[str]) -> None:
+    assert rank_args(args) == [*kept, *RANK_ARGS]
+
+
+def test_pytest_timeout_is_off_and_output_uncaptured_in_a_rank() -> None:
+    assert RANK_ARGS == ("-p", "no:timeout", "--capture=no")
+
+
+TAIL = """\
+before the test
+cpmatrix worker: cell s[unit,1x2,test=a] failed on rank 1:
+Traceback (most recent call last):
+  File "/x/cpmatrix/remote/worker.py", line 10, in run
+    case(cell)
+  File "/x/cpmatrix/pytest_front/rank.py", line 20, in case
+    raise PytestFailure(text)
+cpmatrix.pytest_front.rank.PytestFailure: test failed: see its report
+after the test
+"""
+
+
+def test_the_workers_traceback_of_a_failing_test_is_cut_from_the_log() -> None:
+    assert _WORKER_BLOCK.sub("", TAIL) == "before the test\nafter the test\n"
+    # Without the worker's header line (a rank whose log starts with the traceback).
+    headless = TAIL.replace("cpmatrix worker: cell s[unit,1x2,test=a] failed on rank 1:\n", "")
+    assert _WORKER_BLOCK.sub("", headless) == "before the test\nafter the test\n"
+
+
+def test_a_traceback_that_is_not_the_workers_stays() -> None:
+    other = ("Traceback (most recent call last):\n  File \"t.py\", line 1, in f\n"
+             "ValueError: the test's own\n")
+    assert _WORKER_BLOCK.sub("", other) == other
+
+
+def test_a_traceback_the_test_printed_before_the_workers_stays() -> None:
+    printed = ("Traceback (most recent call last):\n  File \"t.py\", line 1, in f\n"
+               "ValueError: printed by the test\n")
+    assert _WORKER_BLOCK.sub("", printed + TAIL) == \
+        printed + "before the test\nafter the test\n"
+
+
+def test_a_session_error_stays_in_the_log() -> None:
+    error = TAIL.replace("PytestFailure: test failed: see its report",
+                         "SessionError: the rank's pytest session did not start:\nboom")
+    assert _WORKER_BLOCK.sub("", error) == error
