@@ -84,16 +84,20 @@ def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
                                        allow_nan=False))
 
 
-def tail_lines(path: str | os.PathLike[str], start: int = 0, end: int | None = None,
-               lines: int = 30) -> str:
-    """The last ``lines`` lines of the bytes ``[start:end]`` of a log ('' if unreadable)."""
+def _read_range(path: str | os.PathLike[str], start: int, end: int | None) -> bytes:
+    """The bytes ``[start:end]`` of a file (``end`` None: to its end); b'' if unreadable."""
     try:
         with open(path, "rb") as f:
             f.seek(start)
-            data = f.read() if end is None else f.read(max(0, end - start))
+            return f.read() if end is None else f.read(max(0, end - start))
     except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
+        return b""
+
+
+def tail_lines(path: str | os.PathLike[str], start: int = 0, end: int | None = None,
+               lines: int = 30) -> str:
+    """The last ``lines`` lines of the bytes ``[start:end]`` of a log ('' if unreadable)."""
+    text = _read_range(path, start, end).decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
 
 
@@ -108,12 +112,7 @@ def read_segment(path: str | os.PathLike[str], start: int = 0, end: int | None =
     >>> read_segment(f.name, 10), read_segment(f.name, 0, 12, cap=3)
     ('bcd', '[... 9 bytes cut]\\nabc')
     """
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read() if end is None else f.read(max(0, end - start))
-    except OSError:
-        return ""
+    data = _read_range(path, start, end)
     cut = len(data) - cap
     text = data[-cap:].decode("utf-8", errors="replace") if cut > 0 else \
         data.decode("utf-8", errors="replace")

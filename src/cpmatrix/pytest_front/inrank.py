@@ -41,8 +41,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cpmatrix.cell import CellContext
+from cpmatrix.remote.meshes import clear_dtensor_caches
 
-__all__ = ["Dialect", "clear_dtensor_caches", "dialect_of", "in_test", "step_aside_launchers"]
+__all__ = ["Dialect", "dialect_of", "in_test", "step_aside_launchers"]
 
 _COMMON_DISTRIBUTED = "torch.testing._internal.common_distributed"
 _COMMON_UTILS = "torch.testing._internal.common_utils"
@@ -221,29 +222,6 @@ def _groups() -> set[Any]:
     if not dist.is_initialized():
         return set()
     return set(dist.distributed_c10d._world.pg_map)
-
-
-def clear_dtensor_caches() -> None:
-    """Forget DTensor's sharding and redistribution caches: a later test's mesh of the
-    same shape compares equal and would find entries naming destroyed groups. The
-    caches are private; each is cleared best-effort."""
-    import torch
-
-    def attempt(fn: Callable[[], Any]) -> None:
-        with contextlib.suppress(Exception):
-            fn()
-
-    attempt(lambda: torch._C._clear_DTensor_sharding_propagator_cache())
-    try:
-        from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor import _redistribute as redistribute
-    except ImportError:
-        return
-    prop: Any = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
-    attempt(lambda: prop.propagate_op_sharding.cache_clear())
-    attempt(lambda: prop._propagate_tensor_meta_cached.cache_clear())
-    attempt(lambda: redistribute._gen_transform_infos.cache_clear())
-    attempt(lambda: redistribute.clear_redistribute_planner_cache())
 
 
 @contextlib.contextmanager

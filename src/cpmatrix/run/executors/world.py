@@ -29,7 +29,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,11 +82,7 @@ def cell_spec(entry: Entry) -> CellSpec:
     )
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
+_WHOLE = 1 << 24  # a stack dump or launcher log is read whole (up to its last 16 MiB)
 
 
 class WorldRun:
@@ -205,22 +201,14 @@ class WorldRun:
         self.results.append((self.entries[i], self._with_folder(self.entries[i], result)))
 
     def _save_output(self, i: int) -> None:
-        """Each rank's share of its log while cell ``i`` ran, in the cell's folder
-        (:func:`~cpmatrix.remote.protocol.cell_output_log`; every cell: a cached pass
-        brings it back). Never fails the cell: the log is evidence, not the verdict."""
-        entry = self.entries[i]
-        for r in self._ranks(i):
-            start = self.progress.starts.get((i, r))
-            if start is None:
-                continue  # the rank never began the cell: nothing of it is in its log
-            done = self.progress.dones.get((i, r))
-            text = read_segment(self.dir / f"rank{self.placement[i][r]}.log",
-                                start.log_offset, done.log_end if done else None)
-            with contextlib.suppress(OSError):
-                atomic_write_text(self.context.out_root / cell_output_log(entry.out_dir, r),
-                                  text)
+        """Each rank's share of its log while cell ``i`` ran, into the cell's folder
+        (``cell_output_log``; a cached pass brings it back). Evidence: never fails it."""
+        for r, log, start, end, began in self._segments(i):
+            if began:  # a rank that never began the cell printed nothing of it
+                with contextlib.suppress(OSError):
+                    atomic_write_text(self.context.out_root / cell_output_log(
+                        self.entries[i].out_dir, r), read_segment(log, start, end))
 
-    # ------------------------------------------------------------------ poll
     def _read_progress(self) -> None:
         for outcome in self.progress.read():
             if not outcome.ok:
@@ -311,14 +299,17 @@ class WorldRun:
         return replace(result, message=f"{result.message}; {note}" if result.message else note)
 
     def _tails(self, i: int) -> dict[int, str]:
-        tails = {}
+        return {r: tail_lines(log, start, end) for r, log, start, end, _ in self._segments(i)}
+
+    def _segments(self, i: int) -> Iterator[tuple[int, Path, int, int | None, bool]]:
+        """Per rank of cell ``i``: its world log, the cell's bytes there (start marker to
+        done marker, or to the end), and whether it began the cell."""
         for r in self._ranks(i):
             start = self.progress.starts.get((i, r))
             done = self.progress.dones.get((i, r))
-            tails[r] = tail_lines(self.dir / f"rank{self.placement[i][r]}.log",
-                                  start.log_offset if start else 0,
-                                  done.log_end if done else None)
-        return tails
+            yield (r, self.dir / f"rank{self.placement[i][r]}.log",
+                   start.log_offset if start else 0, done.log_end if done else None,
+                   start is not None)
 
     def _in_flight(self) -> list[int]:
         """The cells some rank started and not every rank finished (several at once when
@@ -411,7 +402,8 @@ class WorldRun:
             failures = tuple(
                 RankFailure(rank=r, message=f"rank {r} still in the cell after "
                             f"{entry.cell.timeout_s} s",
-                            traceback=_read_text(cell_dir / f"rank{r}" / "stacks.txt"))
+                            traceback=read_segment(cell_dir / f"rank{r}" / "stacks.txt",
+                                                   cap=_WHOLE))
                 for r in missing)
             result = Result(
                 cell_id=entry.cell.id, status=Status.TIMEOUT, kind=FailureKind.TIMEOUT,
@@ -447,7 +439,7 @@ class WorldRun:
             return
         # The first rank that died (the launcher's root cause, else by pid; world ranks)
         # names the culprit: the cell it was running. Cells on other ranks rerun.
-        root = torchrun_root_cause(_read_text(self.dir / "torchrun.log"))
+        root = torchrun_root_cause(read_segment(self.dir / "torchrun.log", cap=_WHOLE))
         first: dict[int, str] = {}
         if root is not None:
             first = {root[0]: root[1]}
