@@ -49,7 +49,7 @@ def flag_values(argv: list[str], flag: str) -> list[str]:
 @pytest.mark.parametrize(
     ("argv", "expect"),
     [
-        (("/root/.pyenv/versions/3.11.7/bin/python", "-V"), ["python3", "-V"]),
+        (("/home/dev/.pyenv/versions/3.11.7/bin/python", "-V"), ["python3", "-V"]),
         (("/venv/bin/python3.11", "x.py"), ["python3", "x.py"]),
         (("python3", "-m", "m"), ["python3", "-m", "m"]),
         (("torchrun", "w.py"), ["python3", "-m", "torch.distributed.run", "w.py"]),
