@@ -19,11 +19,9 @@ PACKAGE = SRC / "cpmatrix"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
      "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.__main__"),
-    # The pytest front's pure parts sit with the spec: a pytest target's cells, their
-    # sources, the verdict over the ranks' reports, and the collector's driver.
-    ("cpmatrix.matrix", "cpmatrix.pytest_front.spec", "cpmatrix.pytest_front.sources",
-     "cpmatrix.pytest_front.verdict", "cpmatrix.pytest_front.records",
-     "cpmatrix.pytest_front.collect"),
+    # With the spec: the pytest front's pure parts (matrix/pytest_*.py: a pytest target's
+    # cells, their sources, the verdict over the ranks' reports, the collector's driver).
+    ("cpmatrix.matrix",),
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
     # ... its in-rank runner with the code that runs in the worlds' ranks ...

@@ -12,10 +12,8 @@ from cpmatrix.errors import SpecError
 from cpmatrix.matrix.cellid import parse_cell_id
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import parse_matrix
-from cpmatrix.matrix.schema import Cell, Matrix, Platform, Target
-from cpmatrix.pytest_front.adapter import platform_for
-from cpmatrix.pytest_front.sources import SourceDigests
-from cpmatrix.pytest_front.spec import (
+from cpmatrix.matrix.pytest_sources import SourceDigests
+from cpmatrix.matrix.pytest_spec import (
     CASE,
     ISOLATED_TAG,
     PytestSession,
@@ -24,6 +22,8 @@ from cpmatrix.pytest_front.spec import (
     cells_for,
     slug_of,
 )
+from cpmatrix.matrix.schema import Cell, Matrix, Platform, Target
+from cpmatrix.pytest_front.adapter import platform_for
 
 CPU = Platform(name="cpu", backend="gloo", device="cpu")
 SESSION = PytestSession(dir="/r", args=("tests",), rootdir="/r")

@@ -400,7 +400,7 @@ class Cell:
     #: the case from any other file (a module of the same name earlier on its path).
     case_file: str = field(compare=False, default="")
     #: For pytest cells: the canonical JSON of the test to run (its node id, dialect) and
-    #: of the pytest session it was collected in (``cpmatrix.pytest_front.spec``).
+    #: of the pytest session it was collected in (``cpmatrix.matrix.pytest_spec``).
     pytest: str = ""
 
     @property

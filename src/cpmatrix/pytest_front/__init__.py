@@ -10,11 +10,12 @@ Two ways in, one core:
   cells of the matrix, so cache, shards, Slurm, the report, the gate and ``cpmatrix
   repro`` work for existing suites too.
 
-The modules sit on different layers (``tests/unit/test_architecture.py``):
-:mod:`~cpmatrix.pytest_front.spec`, :mod:`~cpmatrix.pytest_front.sources` and
-:mod:`~cpmatrix.pytest_front.verdict` are pure (the matrix layer);
-:mod:`~cpmatrix.pytest_front.rank` and :mod:`~cpmatrix.pytest_front.inrank` run inside the
-ranks (the remote layer); :mod:`~cpmatrix.pytest_front.job` is the world job of ``pytest``
-cells (the run layer); the plugin, its controller, the collector and the one adapter to
-the run sit on top. This file imports nothing, so the pure parts stay cheap to import.
+Its pure parts live with the spec, in ``cpmatrix/matrix/`` (``pytest_spec``: a pytest
+target's cells; ``pytest_sources``: their digests; ``pytest_verdict`` and
+``pytest_records``: the verdict over the ranks' reports; ``pytest_collect``: the
+collector's driver), so the matrix and the run's executor (``run/executors/pytest_world``)
+import nothing from here. :mod:`~cpmatrix.pytest_front.rank` and
+:mod:`~cpmatrix.pytest_front.inrank` run inside the ranks; the plugin, its controller,
+the collector and the one adapter to the run sit on top
+(``tests/unit/test_architecture.py``). This file imports nothing.
 """

@@ -1,6 +1,6 @@
 """The collector of a ``pytest:`` matrix target (a subprocess; the tests import torch).
 
-Usage (:mod:`cpmatrix.pytest_front.collect` runs it, in the matrix file's folder)::
+Usage (:mod:`cpmatrix.matrix.pytest_collect` runs it, in the matrix file's folder)::
 
     python -m cpmatrix.pytest_front.collect_main OUT.json -- tests/dist tests/x.py::test_y
 

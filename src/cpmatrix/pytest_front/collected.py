@@ -1,7 +1,7 @@
 """A pytest session's collected items as the front's records (plugin and collector alike).
 
 :func:`tests_of` splits the items pytest collected into those that run as usual and the
-multi-rank tests (:class:`~cpmatrix.pytest_front.spec.PytestTest`, each with the digest of
+multi-rank tests (:class:`~cpmatrix.matrix.pytest_spec.PytestTest`, each with the digest of
 the sources it depends on); :func:`session_of` records how a rank re-creates the session.
 The ``--cpmatrix`` controller and the collector of a ``pytest:`` matrix target both use
 them: the same tests, the same cells.
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.matrix.pytest_sources import SourceDigests
+from cpmatrix.matrix.pytest_spec import PytestSession, PytestTest
 from cpmatrix.pytest_front.dialects import DialectError, Placement, placement, timeout_of
-from cpmatrix.pytest_front.sources import SourceDigests
-from cpmatrix.pytest_front.spec import PytestSession, PytestTest
 
 __all__ = ["local_test", "session_of", "tests_of"]
 

@@ -5,7 +5,7 @@ Registered by the plugin when ``--cpmatrix`` is given, it takes over pytest's ru
 
 1. the tests that need no ranks (:func:`~cpmatrix.pytest_front.dialects.placement` is
    None) run here first, one by one, exactly as pytest runs them;
-2. the multi-rank ones become cells (:func:`~cpmatrix.pytest_front.spec.cells_for`) and
+2. the multi-rank ones become cells (:func:`~cpmatrix.matrix.pytest_spec.cells_for`) and
    run in persistent worlds (:func:`~cpmatrix.pytest_front.adapter.run_tests`); each is
    reported through pytest's own hooks as its cell finishes
    (``pytest_runtest_logstart``/``logreport``/``logfinish``, the ranks' warnings too).
@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from cpmatrix.errors import UsageError
+from cpmatrix.matrix.pytest_records import judge_files
+from cpmatrix.matrix.pytest_spec import PytestTest, cell_test, cells_for
+from cpmatrix.matrix.pytest_verdict import Verdict
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.pytest_front.adapter import FrontSettings, run_tests
 from cpmatrix.pytest_front.collected import session_of, tests_of
-from cpmatrix.pytest_front.records import judge_files
 from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
-from cpmatrix.pytest_front.spec import PytestTest, cell_test, cells_for
-from cpmatrix.pytest_front.verdict import Verdict
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.session import RunReport

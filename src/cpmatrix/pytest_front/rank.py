@@ -3,7 +3,7 @@
 The world file names :func:`prepare` (``WorldSpec.prepare``); each rank calls it before
 its first cell and before the isolation baseline is taken, so the session, the modules it
 imported and the ``sys.path`` it set are every cell's starting state. It re-creates the
-pytest session the tests were collected in (:class:`~cpmatrix.pytest_front.spec.PytestSession`:
+pytest session the tests were collected in (:class:`~cpmatrix.matrix.pytest_spec.PytestSession`:
 the same command line, from the same folder, with the same ``sys.path``), minus what
 cannot apply in a rank (reporting, selection, the cache, timeouts and crash handling that
 cpmatrix owns), and collects the files of the tests this rank will run.
@@ -13,7 +13,7 @@ protocol (``pytest_runtest_protocol``: fixtures, markers, skip, xfail, unittest,
 warnings), with the next test this rank runs as ``nextitem`` (so module and session
 fixtures live as long as pytest would keep them). Every report is written, as pytest
 serializes it for pytest-xdist, to ``<cell folder>/rank<R>/pytest.json`` right after it
-is made, with its classification (:class:`~cpmatrix.pytest_front.verdict.RankPhase`): a
+is made, with its classification (:class:`~cpmatrix.matrix.pytest_verdict.RankPhase`): a
 rank that dies mid-test leaves the phases it finished. The case raises when the test
 failed on this rank (failed, or failed as expected): the world then stops waiting for the
 other ranks after its grace period, as MultiProcessTestCase does.
@@ -34,8 +34,8 @@ from typing import Any
 
 from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.pytest_front.records import REPORTS_FILE
-from cpmatrix.pytest_front.spec import KIND, PytestSession
+from cpmatrix.matrix.pytest_records import REPORTS_FILE
+from cpmatrix.matrix.pytest_spec import KIND, PytestSession
 from cpmatrix.remote.protocol import WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "case", "current_cell", "prepare"]
@@ -290,7 +290,7 @@ class _RankPlugin:
 
 
 def _classify(report: Any, index: int) -> dict[str, Any]:
-    """A report as a :class:`~cpmatrix.pytest_front.verdict.RankPhase` (a dict)."""
+    """A report as a :class:`~cpmatrix.matrix.pytest_verdict.RankPhase` (a dict)."""
     text = report.longreprtext or ""
     wasxfail = hasattr(report, "wasxfail")
     kind = report.outcome

@@ -1,6 +1,6 @@
 """A judged multi-rank test as pytest's own reports, for pytest's own hooks.
 
-For each phase of the :class:`~cpmatrix.pytest_front.verdict.Verdict`: the standing
+For each phase of the :class:`~cpmatrix.matrix.pytest_verdict.Verdict`: the standing
 rank's report itself, as that rank's pytest made it (deserialized with pytest's
 ``pytest_report_from_serializable``: its long representation, ``wasxfail``, user
 properties), or a report made from the verdict's text (a crash, a hang, a skip not agreed).
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from cpmatrix.pytest_front.verdict import PhaseVerdict, Verdict
+from cpmatrix.matrix.pytest_verdict import PhaseVerdict, Verdict
 from cpmatrix.result import FailureKind, Result
 
 __all__ = ["replay_warnings", "reports_for", "subreports_for"]

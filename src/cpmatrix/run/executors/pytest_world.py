@@ -1,6 +1,6 @@
 """The executor of ``pytest`` cells: worlds whose ranks each hold a pytest session.
 
-A pytest cell (:mod:`cpmatrix.pytest_front.spec`) runs like any world cell, packed onto
+A pytest cell (:mod:`cpmatrix.matrix.pytest_spec`) runs like any world cell, packed onto
 the ranks of a world (:class:`~cpmatrix.run.executors.world.WorldRun`), with two
 differences:
 
@@ -8,7 +8,7 @@ differences:
   (``WorldSpec.prepare`` = :func:`cpmatrix.pytest_front.rank.prepare`); tests of different
   sessions (other rootdirs or command lines) never share a world;
 - each result is judged from the ranks' own pytest reports
-  (:func:`cpmatrix.pytest_front.verdict.judge`): a skip agreed by every rank is
+  (:func:`cpmatrix.matrix.pytest_verdict.judge`): a skip agreed by every rank is
   ``skipped``, an expected failure ``passed``, a failure carries the failing rank's
   pytest report.
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from cpmatrix.matrix.pytest_records import judge_files, judged_result
+from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.pytest_front.records import judge_files, judged_result
-from cpmatrix.pytest_front.spec import ISOLATED_TAG, cell_test
 from cpmatrix.remote.protocol import CellSpec
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext

@@ -114,7 +114,7 @@ class PytestTest:
     isolated: bool = False
     #: The names of the test's markers (they become the cells' tags).
     markers: tuple[str, ...] = ()
-    #: sha256 over the sources the test depends on (:mod:`~cpmatrix.pytest_front.sources`).
+    #: sha256 over the sources the test depends on (:mod:`~cpmatrix.matrix.pytest_sources`).
     digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix.fsutil import read_json
-from cpmatrix.pytest_front.verdict import PYTEST_CHECK, RankPhase, Verdict, judge
+from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
 __all__ = ["REPORTS_FILE", "judge_files", "judged_result", "load", "phases_of"]

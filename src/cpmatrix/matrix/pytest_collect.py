@@ -3,7 +3,7 @@
 Collecting imports the test modules (torch and its test harness, the project's code), so
 it runs in a child process (:mod:`cpmatrix.pytest_front.collect_main`), in the matrix
 file's folder, with the matrix's ``pythonpath``. Every test collected becomes one cell
-per world it asks for (:func:`cpmatrix.pytest_front.spec.cells_for`), on each platform
+per world it asks for (:func:`cpmatrix.matrix.pytest_spec.cells_for`), on each platform
 of the target; a test that needs no ranks gets a world of one. A collection that fails,
 or finds nothing, is a spec error at the target's ``pytest:`` line, with pytest's own
 output.
@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 
 from cpmatrix.errors import SpecError
+from cpmatrix.matrix.pytest_spec import PytestSession, PytestTest, cells_for
 from cpmatrix.matrix.schema import Cell, Matrix, Mesh, Target
 from cpmatrix.paths import IMPORT_ROOT
-from cpmatrix.pytest_front.spec import PytestSession, PytestTest, cells_for
 
 __all__ = ["collect_target"]
 
