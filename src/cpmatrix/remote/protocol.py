@@ -41,6 +41,7 @@ __all__ = [
     "StartMarker",
     "WorldSpec",
     "cell_output_log",
+    "cell_output_logs",
     "marker_name",
     "parse_marker_name",
     "read_typed",
@@ -273,6 +274,16 @@ def cell_output_log(out_dir: str, rank: int) -> str:
     'cells/t[unit]@cpu/rank1/output.log'
     """
     return f"{out_dir}/rank{rank}/{OUTPUT_LOG}"
+
+
+def cell_output_logs(cell_folder: str | os.PathLike[str]) -> dict[int, Path]:
+    """Every rank's :func:`cell_output_log` found in a cell's folder, by rank."""
+    found = {}
+    for log in Path(cell_folder).glob(f"rank*/{OUTPUT_LOG}"):
+        rank = log.parent.name.removeprefix("rank")
+        if rank.isdigit():
+            found[int(rank)] = log
+    return dict(sorted(found.items()))
 
 
 #: The file name of :func:`cell_output_log`.

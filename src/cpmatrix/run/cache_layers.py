@@ -47,7 +47,7 @@ from pathlib import Path
 from cpmatrix.errors import SpecError, UsageError
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_json, read_segment
 from cpmatrix.matrix.schema import Cell, Matrix
-from cpmatrix.remote.protocol import OUTPUT_LOG, cell_output_log
+from cpmatrix.remote.protocol import cell_output_log, cell_output_logs
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ResultCache
 from cpmatrix.run.options import RunOptions
@@ -118,10 +118,11 @@ class CacheLayers:
         """Cached passes of ``cells``, by cell id (local first, then remote)."""
         hits: dict[str, Result] = {}
         for c in cells:
-            hit = self.local.get(self.keys[c.id], c.id)
-            if hit is not None:
+            entry = self.local.read(self.keys[c.id])  # read once: checked, then its logs
+            hit = None if entry is None else self.local.check(entry, self.keys[c.id], c.id)
+            if isinstance(hit, Result):
                 hits[c.id] = hit
-                self._restore_logs(hit, self.local.read(self.keys[c.id]))
+                self._restore_logs(hit, entry)
         self.local_hits = len(hits)
         remote = self.remote
         missing = [c for c in cells if c.id not in hits]
@@ -165,13 +166,8 @@ class CacheLayers:
         """What each rank of a fresh pass printed (its cell folder's output logs)."""
         if self.out is None:
             return {}
-        folder = self.out / result.out_dir
-        logs: dict[str, str] = {}
-        for log in sorted(folder.glob(f"rank*/{OUTPUT_LOG}")):
-            rank = log.parent.name.removeprefix("rank")
-            if rank.isdigit():
-                logs[rank] = read_segment(log, cap=_LOG_CAP)
-        return logs
+        return {str(rank): read_segment(log, cap=_LOG_CAP)
+                for rank, log in cell_output_logs(self.out / result.out_dir).items()}
 
     def _restore_logs(self, hit: Result, entry: object) -> None:
         """Keep a hit's logs for :meth:`finish` (a damaged one is left out: the pass was
