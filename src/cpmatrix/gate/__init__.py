@@ -49,6 +49,7 @@ from pathlib import Path
 from cpmatrix.errors import ExitCode, SpecError, UsageError
 from cpmatrix.gate._checks import CHECKS, SOURCE_DIGEST, GateResult, Reason, evaluate
 from cpmatrix.gate._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, load_policies
+from cpmatrix.matrix.schema import Cell
 from cpmatrix.report.read import ReportError, read_report
 from cpmatrix.result import Status
 
@@ -118,7 +119,7 @@ def gate_main(policy: str, report: Path, baseline: Path | None, gates_file: Path
     unknown policy, an unreadable report or baseline, or a report without source digests
     where a matrix is given (one line on stderr).
     """
-    from cpmatrix.run.provenance import matrix_digests
+    from cpmatrix.run.provenance import expanded_digests
 
     try:
         policies = load_policies(gates_file)
@@ -130,11 +131,15 @@ def gate_main(policy: str, report: Path, baseline: Path | None, gates_file: Path
             chosen = replace(chosen, matrices=tuple(matrices))
         digests: dict[str, str] | None = None
         try:
-            expected = [cid for cid, _, _ in expected_cells(chosen)] if chosen.matrices else None
+            expected: list[str] | None = None
             if chosen.matrices:
                 digests = {}
-                for path in chosen.matrices:
-                    digests.update(matrix_digests(path))
+                now: list[Cell] = []
+                for path in chosen.matrices:  # one expansion each: its cells and digests
+                    cells_of, digests_of = expanded_digests(path)
+                    now.extend(cells_of)
+                    digests.update(digests_of)
+                expected = [cid for cid, _, _ in expected_cells(chosen, now)]
         except SpecError as exc:  # say which policy pointed at the bad matrix
             if matrices:
                 raise  # --matrix named it: the error names the file

@@ -19,6 +19,7 @@ from typing import Any, Final
 import yaml
 
 from cpmatrix.errors import UsageError
+from cpmatrix.matrix.schema import Cell
 from cpmatrix.matrix.select import parse_keyword_expr
 from cpmatrix.matrix.yamlreader import SpecReader, compose, read_spec_text
 
@@ -177,16 +178,17 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
         reader.loader.dispose()
 
 
-def expected_cells(policy: Policy) -> list[tuple[str, str, tuple[str, ...]]]:
-    """``(id, platform, tags)`` of every required cell of the policy's matrix files."""
+def expected_cells(policy: Policy, cells: Sequence[Cell] | None = None,
+                   ) -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(id, platform, tags)`` of every required cell of the policy's matrix files;
+    ``cells``: those files' cells when the caller expanded them already (the gate, for
+    their digests: a ``pytest:`` target's collection then runs once)."""
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
 
     required = policy.scope()
-    out = []
-    for path in policy.matrices:
+    if cells is None:
         # Digests are not needed here: skip reading case sources (and their absence).
-        for cell in expand(load_matrix(path), source_of=lambda _module: b"").cells:
-            if required(cell.id, cell.platform, cell.tags):
-                out.append((cell.id, cell.platform, cell.tags))
-    return out
+        cells = [cell for path in policy.matrices
+                 for cell in expand(load_matrix(path), source_of=lambda _module: b"").cells]
+    return [(c.id, c.platform, c.tags) for c in cells if required(c.id, c.platform, c.tags)]

@@ -40,8 +40,16 @@ from cpmatrix import __version__
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.run.cache import ActionKeys
 
-__all__ = ["RunSource", "cell_digests", "git_commit", "matrix_digest", "matrix_digests",
-           "run_source", "stamp"]
+__all__ = [
+    "RunSource",
+    "cell_digests",
+    "expanded_digests",
+    "git_commit",
+    "matrix_digest",
+    "matrix_digests",
+    "run_source",
+    "stamp",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,11 +133,18 @@ def matrix_digests(path: str | os.PathLike[str]) -> dict[str, str]:
 
     Raises :class:`~cpmatrix.errors.SpecError` for a matrix that does not load.
     """
+    return expanded_digests(path)[1]
+
+
+def expanded_digests(path: str | os.PathLike[str]) -> tuple[tuple[Cell, ...], dict[str, str]]:
+    """The cells of the matrix file at ``path`` and :func:`matrix_digests`'s digests, from
+    one expansion (a ``pytest:`` target's collection is a subprocess: run it once)."""
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
 
     matrix = load_matrix(path)
-    return cell_digests(expand(matrix).cells, ActionKeys(search_path=matrix.pythonpath))
+    cells = expand(matrix).cells
+    return cells, cell_digests(cells, ActionKeys(search_path=matrix.pythonpath))
 
 
 def stamp(sources: Mapping[str, str], source: RunSource) -> dict[str, dict[str, str]]:
