@@ -186,6 +186,9 @@ def test_torch_single_process_harnesses_run_as_usual(cls: type) -> None:
 def test_a_marker_wins_over_the_harness_and_a_timeout_marker_over_torchs_table() -> None:
     found = placement(Item(Mark("timeout", 9), cls=Pair))
     assert found is not None and found.timeout_s == 9
+    # A world marker on a harness test: the marker's world, not the harness's 2 ranks.
+    marked = placement(Item(Mark("world", 4), cls=Pair))
+    assert marked is not None and (marked.dialect, marked.meshes) == ("marker", ("1x4",))
 
 
 def test_an_unreadable_world_size_names_the_test() -> None:

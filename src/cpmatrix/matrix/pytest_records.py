@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix.fsutil import read_json
-from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, judge
+from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, is_own, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
 __all__ = ["REPORTS_FILE", "judge_files", "judged_result", "load", "phases_of"]
@@ -86,8 +86,7 @@ def judged_result(result: Result, verdict: Verdict,
             rank = verdict.failing_ranks[0] if verdict.failing_ranks else 0
             mine.append(RankFailure(rank=rank, message=phase.summary, traceback=phase.message,
                                     check=PYTEST_CHECK))
-    kept: Sequence[RankFailure] = [f for f in result.failures if f.check != PYTEST_CHECK
-                                   or "process_state:" in f.message]
+    kept: Sequence[RankFailure] = [f for f in result.failures if is_own(f)]
     if result.kind in (FailureKind.CRASH, FailureKind.TIMEOUT):
         kept = result.failures  # the stacks, the dead rank: the world's story stands
     status = result.status if result.status in (Status.CRASH, Status.TIMEOUT, Status.FLAKY,

@@ -67,7 +67,8 @@ def _read(path: Path) -> bytes | None:
 
 
 class SourceDigests:
-    """Digests of tests' sources under one rootdir; files are read once."""
+    """Digests of tests' sources under one rootdir; each file is read and parsed once, and
+    each test file's digest made once (the tests of one file share it)."""
 
     def __init__(self, rootdir: str, sys_path: Sequence[str] = ()) -> None:
         self.rootdir = Path(rootdir).resolve()
@@ -76,6 +77,8 @@ class SourceDigests:
                   if p and (os.path.realpath(p) + os.sep).startswith(root + os.sep)]
         self.roots = list(dict.fromkeys([*inside, self.rootdir]))
         self._hash: dict[Path, str] = {}
+        self._imports: dict[tuple[Path, str], list[str]] = {}
+        self._digest: dict[Path, str] = {}
 
     def _file_hash(self, path: Path) -> str | None:
         if path not in self._hash:
@@ -106,6 +109,16 @@ class SourceDigests:
     def digest(self, file: str) -> str:
         """sha256 over the test file, its conftests, the ini files and its local imports."""
         start = Path(file).resolve()
+        if start not in self._digest:
+            self._digest[start] = self._make_digest(start)
+        return self._digest[start]
+
+    def _names(self, path: Path, pkg: str) -> list[str]:
+        if (path, pkg) not in self._imports:
+            self._imports[path, pkg] = imported_names(_read(path) or b"", pkg)
+        return self._imports[path, pkg]
+
+    def _make_digest(self, start: Path) -> str:
         basedir, package = self._basedir(start)
         bases = [basedir, *self.roots]
         seen: dict[str, str] = {}
@@ -131,7 +144,7 @@ class SourceDigests:
             seen[key] = h
             if path.suffix != ".py":
                 continue
-            for name in imported_names(_read(path) or b"", pkg):
+            for name in self._names(path, pkg):
                 found = self._locate(name, bases)
                 if found is not None and str(found) not in seen:
                     own = name.rpartition(".")[0] if found.name != "__init__.py" else name

@@ -34,18 +34,24 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from cpmatrix.result import FailureKind, Result, Status
+from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
-__all__ = ["PHASES", "Fault", "PhaseVerdict", "RankPhase", "Verdict", "fault_of", "judge",
-           "ranks_text"]
+__all__ = ["PHASES", "Fault", "PhaseVerdict", "RankPhase", "Verdict", "fault_of", "is_own",
+           "judge", "ranks_text"]
 
 PHASES: Final = ("setup", "call", "teardown")
 #: ``RankFailure.check`` of a test that failed in pytest's own terms (the rank's
 #: reports tell the story); any other check is cpmatrix's (a :class:`Fault`).
 PYTEST_CHECK: Final = "pytest"
+
+
+def is_own(failure: RankFailure) -> bool:
+    """Whether a rank's failure is cpmatrix's own (its checks, the process-state watch:
+    what the rank's pytest reports cannot say), not the test's."""
+    return failure.check != PYTEST_CHECK or "process_state:" in failure.message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,8 +157,7 @@ def fault_of(result: Result) -> Fault | None:
         message = result.message or (first.message if first else "")
         return Fault(kind=result.kind.value, ranks=result.failing_ranks, message=message,
                      details=details)
-    own = [f for f in result.failures
-           if f.check != PYTEST_CHECK or "process_state:" in f.message]
+    own = [f for f in result.failures if is_own(f)]
     if not own:
         return None
     return Fault(kind="error", ranks=tuple(sorted({f.rank for f in own})),
@@ -176,7 +181,7 @@ def _reason(p: RankPhase) -> str:
     return p.summary.splitlines()[0] if p.summary else p.kind
 
 
-def _merge_phase(when: str, got: Mapping[int, RankPhase], size: int,
+def _merge_phase(when: str, got: Mapping[int, RankPhase],
                  primary: Sequence[int]) -> PhaseVerdict:
     """One phase of every rank that reported it (``got``; ranks without one are the
     caller's to explain)."""
@@ -292,7 +297,7 @@ def judge(ranks: Mapping[int, Sequence[RankPhase]], *, size: int,
                 phases.append(_passed("teardown"))
                 break
             continue
-        merged = _merge_phase(when, got, size, primary)
+        merged = _merge_phase(when, got, primary)
         if missing and not failed_before:
             # (After a failure, ranks torn down while waiting for it report no more.)
             if merged.outcome == "failed" and merged.rank is not None:
@@ -328,9 +333,7 @@ def _passed(when: str) -> PhaseVerdict:
 
 
 def _with_note(p: PhaseVerdict, note: str) -> PhaseVerdict:
-    message = f"{p.message}\n{note}" if p.message else note
-    return PhaseVerdict(when=p.when, outcome=p.outcome, kind=p.kind, rank=p.rank,
-                        message=message, duration=p.duration, summary=p.summary)
+    return replace(p, message=f"{p.message}\n{note}" if p.message else note)
 
 
 def _verdict(phases: list[PhaseVerdict], failing: list[int]) -> Verdict:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.pytest_front.collected import local_test, session_of, tests_of
+from cpmatrix.pytest_front.collected import session_of, tests_of
 
 __all__ = ["main"]
 
@@ -29,10 +29,7 @@ class _Collector:
         self.args = args
 
     def pytest_collection_finish(self, session: Any) -> None:
-        local, tests = tests_of(session.items, session.config)
-        tests += [local_test(item, session.config) for item in local]
-        order = {item.nodeid: i for i, item in enumerate(session.items)}
-        tests.sort(key=lambda t: order.get(t.nodeid, 0))
+        _, tests = tests_of(session.items, session.config, every=True)
         atomic_write_json(self.out, {
             "session": session_of(session.config, self.args).to_json(),
             "tests": [t.to_dict() for t in tests],

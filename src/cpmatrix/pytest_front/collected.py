@@ -24,7 +24,7 @@ from cpmatrix.matrix.pytest_sources import SourceDigests
 from cpmatrix.matrix.pytest_spec import PytestSession, PytestTest
 from cpmatrix.pytest_front.dialects import DialectError, Placement, placement, timeout_of
 
-__all__ = ["local_test", "session_of", "tests_of"]
+__all__ = ["session_of", "tests_of"]
 
 
 def session_of(config: Any, args: Sequence[str] | None = None) -> PytestSession:
@@ -49,15 +49,21 @@ def _test(item: Any, found: Placement, digest: str) -> PytestTest:
                       isolated=found.isolated, markers=_markers(item), digest=digest)
 
 
-def tests_of(items: Sequence[Any], config: Any) -> tuple[list[Any], list[PytestTest]]:
-    """(the items that run as usual, the multi-rank tests); a test whose ranks cannot be
-    read is a usage error naming it."""
+def tests_of(items: Sequence[Any], config: Any, *, every: bool = False,
+             ) -> tuple[list[Any], list[PytestTest]]:
+    """(the items that run as usual, the multi-rank tests), in the items' order; with
+    ``every`` (a ``pytest:`` matrix target runs every test it collects) a test that needs
+    no ranks is a test too, a cell of one rank. A test whose ranks cannot be read is a
+    usage error naming it."""
     local: list[Any] = []
     tests: list[PytestTest] = []
-    digests = SourceDigests(str(config.rootpath), sys.path)
+    digests = SourceDigests(str(config.rootpath), sys.path)  # one for all: files read once
     for item in items:
         try:
             found = placement(item)
+            if found is None and every:
+                found = Placement("local", ("1x1",), timeout_of(item),
+                                  item.get_closest_marker("isolated_world") is not None)
         except DialectError as exc:
             raise pytest.UsageError(f"cpmatrix: {exc}") from None
         if found is None:
@@ -65,17 +71,3 @@ def tests_of(items: Sequence[Any], config: Any) -> tuple[list[Any], list[PytestT
         else:
             tests.append(_test(item, found, digests.digest(_file(item))))
     return local, tests
-
-
-def local_test(item: Any, config: Any) -> PytestTest:
-    """A test that needs no ranks, as a cell of one rank (a ``pytest:`` matrix target runs
-    every test it collects)."""
-    try:
-        timeout = timeout_of(item)
-    except DialectError as exc:
-        raise pytest.UsageError(f"cpmatrix: {exc}") from None
-    digest = SourceDigests(str(config.rootpath), sys.path).digest(_file(item))
-    return PytestTest(nodeid=item.nodeid, file=_file(item), dialect="local", meshes=("1x1",),
-                      timeout_s=timeout,
-                      isolated=item.get_closest_marker("isolated_world") is not None,
-                      markers=_markers(item), digest=digest)

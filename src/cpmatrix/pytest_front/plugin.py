@@ -168,7 +168,9 @@ def pytest_runtest_setup(item: Any) -> None:
     except DialectError as exc:
         pytest.fail(str(exc), pytrace=False)
     assert found is not None
-    need = _mesh_size(found.meshes[0])
+    from cpmatrix.matrix.schema import Mesh
+
+    need = Mesh.parse(found.meshes[0]).world_size
     have = _torchrun_size()
     if have is None:
         pytest.skip(f"needs a world of {need} ranks: run with pytest --cpmatrix (or under "
@@ -179,11 +181,6 @@ def pytest_runtest_setup(item: Any) -> None:
 
     if not dist.is_initialized():
         dist.init_process_group()
-
-
-def _mesh_size(mesh: str) -> int:
-    rows, _, cols = mesh.partition("x")
-    return int(rows) * int(cols)
 
 
 # ----------------------------------------------------------------------- fixtures
@@ -250,14 +247,15 @@ def mesh(request: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     from cpmatrix.cell import MESH_DIMS
+    from cpmatrix.matrix.schema import Mesh
     from cpmatrix.pytest_front.dialects import placement
     from cpmatrix.pytest_front.rank import current_cell
 
     found = placement(request.node)
     if found is None or not dist.is_initialized():
         pytest.skip("the mesh fixture needs a test marked @pytest.mark.world(...) in a world")
-    rows, _, cols = found.meshes[0].partition("x")
-    shape = (int(cols),) if len(found.dims) == 1 else (int(rows), int(cols))
+    grid = Mesh.parse(found.meshes[0])
+    shape = (grid.cols,) if len(found.dims) == 1 else (grid.rows, grid.cols)
     here = current_cell()
     if here is not None and here.mesh is not None and found.dims == MESH_DIMS and \
             tuple(here.mesh.shape) == shape:

@@ -151,10 +151,10 @@ class _RankSession:
         self.world = world
         self.rank = rank
         self.spec = PytestSession.from_json(str(cells[0].params["session"]))
-        self.nodeids = [str(c.params["nodeid"]) for c in cells]
         #: Cell ids in the order this rank runs them, and each one's node id.
-        self.order = [c.id for c in cells]
         self.by_cell = {c.id: str(c.params["nodeid"]) for c in cells}
+        self.order = list(self.by_cell)
+        self._position = {cell_id: i for i, cell_id in enumerate(self.order)}
         self.deepspeed = {str(c.params["nodeid"]) for c in cells
                           if c.params.get("dialect") == "deepspeed"}
         self.items: dict[str, Any] = {}
@@ -196,18 +196,17 @@ class _RankSession:
         session.exitstatus = 0
         config.hook.pytest_sessionstart(session=session)
         root = Path(self.spec.rootdir)
-        files = list(dict.fromkeys(str(root / n.split("::", 1)[0]) for n in self.nodeids))
+        files = list(dict.fromkeys(str(root / n.split("::", 1)[0]) for n in self.by_cell.values()))
         items = session.perform_collect(files, genitems=True)
         self.collect_errors = list(self.plugin.collect_errors)
-        wanted = set(self.nodeids)
+        wanted = set(self.by_cell.values())
         self.items = {i.nodeid: i for i in items if i.nodeid in wanted}
         step_aside_launchers(config, self.items.values(), self.deepspeed)
 
     def next_item(self, cell_id: str) -> Any:
         """The test this rank runs after ``cell_id``'s (None after its last one)."""
-        try:
-            i = self.order.index(cell_id)
-        except ValueError:
+        i = self._position.get(cell_id)
+        if i is None:
             return None
         for later in self.order[i + 1:]:
             item = self.items.get(self.by_cell[later])
