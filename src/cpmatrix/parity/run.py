@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from cpmatrix.parity._convert import recording_warnings, warning_outcome
+from cpmatrix.parity._convert import record_warnings, recording_warnings
 from cpmatrix.parity._inputs import (
     Axes,
     Inputs,
@@ -44,6 +44,8 @@ from cpmatrix.parity._inputs import (
 )
 from cpmatrix.parity._step import (
     ContextFactory,
+    EnterStep,
+    check_sharding_active,
     cp_context,
     run_cp,
     shape_mismatches,
@@ -73,7 +75,6 @@ from cpmatrix.parity._weights import (
     named_buffers,
     named_params,
     perturbed_line,
-    sharded_state,
 )
 from cpmatrix.parity.checks import (
     CheckOutcome,
@@ -198,6 +199,41 @@ def check_parity(
             enter=enter,
             verdicts=verdicts,
         )
+    return _check_step(
+        cell,
+        serial,
+        cp,
+        inputs=inputs,
+        placements=placements,
+        output_axes=output_axes,
+        tol=tol,
+        perturb=perturb,
+        allow_zero=allow_zero,
+        prepare_cp=prepare_cp,
+        activations=activations,
+        enter=enter,
+        verdicts=verdicts,
+    )
+
+
+def _check_step(
+    cell: Any,
+    serial: torch.nn.Module | Callable[..., Any],
+    cp: torch.nn.Module | Callable[..., Any],
+    *,
+    inputs: Mapping[str, Any],
+    placements: Mapping[str, Placements] | None,
+    output_axes: Mapping[str, Axes] | Axes | None,
+    tol: Tolerance,
+    perturb: bool,
+    allow_zero: Mapping[str, str] | None,
+    prepare_cp: PrepareCP | None,
+    activations: Activations | None,
+    enter: EnterStep,
+    verdicts: Verdicts,
+) -> ParityReport:
+    """The step level of :func:`check_parity`: one forward and backward on each side (and
+    on the fp64 twin), then every output, grad and buffer compared (steps 2-7 above)."""
     warns: list[str] = []
     with recording_warnings(warns):
         perturbed: list[str] = []
@@ -238,40 +274,59 @@ def check_parity(
             shapes = shape_mismatches(ins, s_leaves, c_leaves, axes_of)
             if not shapes:
                 cp_backward(ins, s_grads, c_leaves, axes_of, verdicts)
-    verdicts.add("setup", warning_outcome(warns))
-    if warns:
-        verdicts.evidence["warnings"] = warning_outcome(warns).summary
+    record_warnings(verdicts, warns)
     if twin.ok:
-        with twin.running():
-            t_out = outputs_of(twin.module(**t_ins))
-            backward_twin(t_out, s_grads)
-            twin.outputs = {n: v.detach() for n, v in t_out.items()
-                            if isinstance(v, torch.Tensor)}
-            twin.input_grads = {n: t.grad for n, t in t_leaves.items()}
-            twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
-            twin.buffers = named_buffers(twin.module)
+        _run_twin(twin, t_ins, t_leaves, s_grads)
     verdicts.evidence["twin"] = twin_line(tol, twin)
 
-    declared = dict(activations()) if activations is not None else {}
-    verdicts.check_sharding(
-        {
-            **tensors_of(ins.cp, "input "),
-            **tensors_of(c_leaves, ""),
-            **sharded_state(cp, cp_params),
-            **tensors_of(declared, "activation "),
-        },
-        cell.mesh,
-    )
+    check_sharding_active(cell, verdicts, ins, c_leaves, cp, cp_params, activations)
+    _check_outputs(cell, verdicts, ins, s_leaves, c_leaves, axes_of, twin, tol)
+
+    if shapes:
+        skip_grads_for_shapes(verdicts, shapes)
+        verdicts.add("nonzero", grad_problems(_serial_values(s_leaves), allow_zero=allow_zero))
+        return finish(cell, verdicts, tol, perturbed)
+    _check_grads(cell, verdicts, ins, serial, cp, serial_params, cp_params, s_leaves, twin, tol,
+                 allow_zero)
+    return finish(cell, verdicts, tol, perturbed)
+
+
+def _run_twin(twin: Twin, t_ins: Mapping[str, Any], t_leaves: Mapping[str, torch.Tensor],
+              s_grads: Mapping[str, torch.Tensor]) -> None:
+    """Step 5: the serial side again in fp64 on the upcast inputs, backward with the serial
+    side's grad_outputs; keeps its outputs, input and parameter grads and buffers on
+    ``twin`` (the reference the low-precision values are judged against)."""
+    with twin.running():
+        t_out = outputs_of(twin.module(**t_ins))
+        backward_twin(t_out, s_grads)
+        twin.outputs = {n: v.detach() for n, v in t_out.items()
+                        if isinstance(v, torch.Tensor)}
+        twin.input_grads = {n: t.grad for n, t in t_leaves.items()}
+        twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
+        twin.buffers = named_buffers(twin.module)
+
+
+def _check_outputs(
+    cell: Any, verdicts: Verdicts, ins: Inputs, s_leaves: Mapping[str, Any],
+    c_leaves: Mapping[str, Any], axes_of: Mapping[str, Axes], twin: Twin, tol: Tolerance,
+) -> None:
+    """Every CP output (``full_tensor()``, laid out as the serial one) against the serial
+    one and the twin's, and identical on the ranks that hold it replicated."""
     with odd_input_fails("output"):  # a CP output that does not fit its axes fails here
         outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s, twin.outputs.get(n))
                    for n, s in s_leaves.items()}
     verdicts.add_diffs("output", compare_named(outputs, tol), tol)
     verdicts.add("replicated_identical", replicated_problems(tensors_of(c_leaves, ""), cell.mesh))
 
-    if shapes:
-        skip_grads_for_shapes(verdicts, shapes)
-        verdicts.add("nonzero", grad_problems(_serial_values(s_leaves), allow_zero=allow_zero))
-        return finish(cell, verdicts, tol, perturbed)
+
+def _check_grads(
+    cell: Any, verdicts: Verdicts, ins: Inputs, serial: Any, cp: Any,
+    serial_params: Mapping[str, torch.Tensor], cp_params: Mapping[str, torch.Tensor],
+    s_leaves: Mapping[str, Any], twin: Twin, tol: Tolerance,
+    allow_zero: Mapping[str, str] | None,
+) -> None:
+    """After backward: every input grad, parameter grad and buffer against the serial side
+    (and the twin); grads placed and replicated as they should be, non-zero and finite."""
     if not ins.leaves:
         verdicts.skipped.setdefault(
             "input_grad",
@@ -298,7 +353,6 @@ def check_parity(
             allow_zero=allow_zero,
         ),
     )
-    return finish(cell, verdicts, tol, perturbed)
 
 
 def _serial_values(s_leaves: Mapping[str, Any]) -> dict[str, Any]:
