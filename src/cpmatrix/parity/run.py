@@ -233,7 +233,8 @@ def _check_step(
     verdicts: Verdicts,
 ) -> ParityReport:
     """The step level of :func:`check_parity`: one forward and backward on each side (and
-    on the fp64 twin), then every output, grad and buffer compared (steps 2-7 above)."""
+    on the fp64 twin), then every output, grad and buffer compared (steps 2-7 of the
+    module docstring)."""
     warns: list[str] = []
     with recording_warnings(warns):
         perturbed: list[str] = []
