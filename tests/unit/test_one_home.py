@@ -1,0 +1,71 @@
+"""Each concept of issue 23's "one home per concept" is spelled in its home only.
+
+A source scan (no import): the output folder's names outside :mod:`cpmatrix.layout`, a
+folder's ``durations.json`` read or written outside :mod:`cpmatrix.report.history`, a
+parity check's name as a string literal outside :mod:`cpmatrix.parity.errors` (the frozen
+modules keep their literals: a ``Check`` member equals its string).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from cpmatrix import layout
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "cpmatrix"
+
+#: The output folder's file names (its folder names, "cells", "worlds", "spill", are
+#: words used for other things too: they are left to review).
+LAYOUT_NAMES = frozenset({layout.MARKER, layout.LOCK, layout.REPORT_XML, layout.RESULTS,
+                          layout.REPORT_HTML, layout.RUN_INFO, layout.DURATIONS,
+                          layout.SHARD_MANIFEST, layout.LAUNCHER_LOG, layout.COMMAND,
+                          layout.COMPILE_LOG, layout.OUTPUT_LOG, layout.STACKS})
+#: Frozen modules (never edited): what they spell stays.
+FROZEN = {"run/cache.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
+          "parity/tolerance.py", "gate/_checks.py"}
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a module's code: docstrings and other bare strings left out,
+    each piece of an f-string in."""
+    tree = ast.parse(path.read_text())
+    bare = {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in bare]
+
+
+def _sources(*skip: str) -> list[tuple[str, Path]]:
+    return [(rel, p) for p in sorted(PACKAGE.rglob("*.py"))
+            if (rel := p.relative_to(PACKAGE).as_posix()) not in {*skip, *FROZEN}]
+
+
+def _found(names: frozenset[str], *skip: str, pieces: tuple[str, ...] = ()) -> list[str]:
+    return [f"{rel}:{line}: {text!r}" for rel, p in _sources(*skip)
+            for line, text in _code_strings(p)
+            if text in names or any(piece in text for piece in pieces)]
+
+
+def test_the_output_folder_is_spelled_in_layout_only() -> None:
+    found = _found(LAYOUT_NAMES, "layout.py", pieces=(".junit.xml",))
+    assert not found, "name these through cpmatrix.layout:\n" + "\n".join(found)
+
+
+def test_a_folder_history_is_read_and_written_by_history_only() -> None:
+    found = [f"{rel}: {name}" for rel, p in _sources("report/history.py")
+             for name in ("load_histories", "history_json")
+             if name in p.read_text()]
+    assert not found, ("read and write a folder's durations.json with load_run_history and "
+                       "save_run_history:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("text", sorted(LAYOUT_NAMES))
+def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
+    planted = tmp_path / "m.py"
+    planted.write_text(f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\n')
+    assert [s for _, s in _code_strings(planted)] == ["out", text]
