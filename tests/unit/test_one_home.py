@@ -69,3 +69,15 @@ def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
     planted = tmp_path / "m.py"
     planted.write_text(f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\n')
     assert [s for _, s in _code_strings(planted)] == ["out", text]
+
+
+def test_every_kind_is_run_by_exactly_one_executor() -> None:
+    from cpmatrix.matrix.schema import KINDS
+    from cpmatrix.run.executors import EXECUTORS, executor_for
+
+    declared = [kind for e in EXECUTORS for kind in e.kinds]
+    assert sorted(declared) == sorted(KINDS), "matrix.schema.KINDS and the executors' kinds"
+    assert len(declared) == len(set(declared)), "a kind run by two executors"
+    assert all(kind in executor_for(kind).kinds for kind in KINDS)
+    with pytest.raises(KeyError):
+        executor_for("fuzz")

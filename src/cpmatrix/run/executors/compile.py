@@ -180,6 +180,7 @@ class CompileExecutor:
     """Spill cells: every one of a run in one compile subprocess (fresh after a fault)."""
 
     name = "compile"
+    kinds: tuple[str, ...] = ("spill",)
     noun = "the spill compiler"
     plural = "compile jobs"
     #: A compile is deterministic: a crash is the compiler's, retried alone it would crash
