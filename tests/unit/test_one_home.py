@@ -81,3 +81,14 @@ def test_every_kind_is_run_by_exactly_one_executor() -> None:
     assert all(kind in executor_for(kind).kinds for kind in KINDS)
     with pytest.raises(KeyError):
         executor_for("fuzz")
+
+
+def test_parity_check_names_are_check_members() -> None:
+    """A check's name as a literal (the frozen modules aside): ``Check.X`` instead."""
+    from cpmatrix.parity.errors import CHECKS
+
+    names = frozenset(CHECKS)
+    found = [f for f in _found(names, "parity/errors.py")
+             if f.startswith(("parity/", "suite/"))]
+    assert not found, "name these checks as cpmatrix.parity.errors.Check members:\n" + \
+        "\n".join(found)
