@@ -92,3 +92,46 @@ def test_parity_check_names_are_check_members() -> None:
              if f.startswith(("parity/", "suite/"))]
     assert not found, "name these checks as cpmatrix.parity.errors.Check members:\n" + \
         "\n".join(found)
+
+
+def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
+    """Cell -> CellSpec -> CellContext: every field the spec and the context share with
+    the cell arrives, none set by hand on the way (``from_cell``, ``from_spec``)."""
+    from dataclasses import fields
+
+    from cpmatrix.cell import CellContext
+    from cpmatrix.matrix.schema import Cell, Mesh
+    from cpmatrix.remote.protocol import CellSpec
+
+    cell = Cell(id="t[layer,2x3,bf16,autocast=on,kernel]@cuda", target="t", case="m:f",
+                kind="property", level="layer", mesh=Mesh.parse("2x3"), dtype="bf16",
+                autocast=True, path="kernel", params=(("seq", 7),), platform="cuda",
+                timeout_s=42, tags=(), case_file="/src/m.py")
+    spec = CellSpec.from_cell(cell, out_dir="cells/x", mutant="off_by_one", run_number=3)
+    assert CellSpec.from_json(spec.to_json()) == spec
+    for f in fields(CellSpec):
+        if hasattr(cell, f.name) and f.name != "spill":
+            want = dict(cell.params) if f.name == "params" else getattr(cell, f.name)
+            assert getattr(spec, f.name) == want, f.name
+    assert (spec.rows, spec.cols, spec.world_size) == (2, 3, 6)
+    assert (spec.out_dir, spec.mutant, spec.run_number) == ("cells/x", "off_by_one", 3)
+
+    ctx = CellContext.from_spec(spec, rank=5, mesh="m", device="d", backend="nccl",
+                                dtype="bfloat16", seed=9, generator="g", out_dir=Path("o"))
+    for f in fields(CellContext):
+        if hasattr(spec, f.name) and f.name not in ("dtype", "out_dir"):
+            assert getattr(ctx, f.name) == getattr(spec, f.name), f.name
+    assert (ctx.dtype_name, ctx.rank, ctx.world_size) == ("bf16", 5, 6)
+
+
+def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
+    homes = {"CellSpec": {"remote/protocol.py"},
+             # The pytest front's own fixture: a context of a plain pytest test, no spec.
+             "CellContext": {"cell.py", "pytest_front/plugin.py"}}
+    found = []
+    for rel, p in _sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and rel not in homes.get(node.func.id, {rel}):
+                found.append(f"{rel}:{node.lineno}: {node.func.id}(...)")
+    assert not found, "use CellSpec.from_cell / CellContext.from_spec:\n" + "\n".join(found)

@@ -27,12 +27,15 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from cpmatrix.fsutil import atomic_write_json, read_json
 
 # The cell folder's names are the output folder's (here for the ranks that import them).
 from cpmatrix.layout import OUTPUT_LOG, cell_output_log, cell_output_logs, work_folder
+
+if TYPE_CHECKING:  # the ranks never import the spec's modules
+    from cpmatrix.matrix.schema import Cell
 
 __all__ = [
     "OUTPUT_LOG",
@@ -110,6 +113,27 @@ class CellSpec(_Json):
     @property
     def world_size(self) -> int:
         return self.rows * self.cols
+
+    @classmethod
+    def from_cell(cls, cell: Cell, *, out_dir: str, mutant: str = "",
+                  run_number: int = 1) -> CellSpec:
+        """The one copy of a cell's fields into the spec a child runs (the axes parsed).
+
+        >>> from cpmatrix.matrix.schema import Cell, Mesh
+        >>> cell = Cell(id="t@cpu", target="t", case="m:f", kind="parity", level="unit",
+        ...     mesh=Mesh.parse("1x2"), dtype="fp64", autocast=False, path="reference",
+        ...     params=(("seq", 7),), platform="cpu", timeout_s=60, tags=())
+        >>> spec = CellSpec.from_cell(cell, out_dir="cells/t@cpu")
+        >>> spec.world_size, spec.params, spec.timeout_s
+        (2, {'seq': 7}, 60)
+        """
+        return cls(
+            id=cell.id, target=cell.target, case=cell.case, case_file=cell.case_file,
+            kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
+            dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
+            platform=cell.platform, timeout_s=cell.timeout_s, mutant=mutant,
+            out_dir=out_dir, run_number=run_number,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

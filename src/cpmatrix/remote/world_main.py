@@ -184,14 +184,10 @@ def run_cell(
         case, case_file = _import_case(spec.case, spec.case_file)
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed)
-        ctx = CellContext(
-            id=spec.id, rank=rank, world_size=spec.world_size, mesh=mesh, device=device,
-            backend=world.backend, dtype=getattr(torch, TORCH_DTYPES[spec.dtype]),
-            dtype_name=spec.dtype, autocast=spec.autocast, path=spec.path, level=spec.level,
-            params=dict(spec.params), seed=seed, generator=generator, out_dir=out_dir,
-            platform=spec.platform, target=spec.target, mutant=spec.mutant or None,
-            run_number=spec.run_number,
-        )
+        ctx = CellContext.from_spec(
+            spec, rank=rank, mesh=mesh, device=device, backend=world.backend,
+            dtype=getattr(torch, TORCH_DTYPES[spec.dtype]), seed=seed, generator=generator,
+            out_dir=out_dir)
         ctx.record("case_file", case_file)  # which file ran: the one the digest covers
         if ledger is not None:
             ledger.before_case()

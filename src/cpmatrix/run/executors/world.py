@@ -73,14 +73,8 @@ __all__ = ["WorldRun", "cell_spec"]
 
 def cell_spec(entry: Entry) -> CellSpec:
     """The typed cell a rank runs: the axes parsed once, here."""
-    cell = entry.cell
-    return CellSpec(
-        id=cell.id, target=cell.target, case=cell.case, case_file=cell.case_file,
-        kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
-        dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
-        platform=cell.platform, timeout_s=cell.timeout_s, mutant=entry.mutant,
-        out_dir=entry.out_dir, run_number=max(entry.run, 1),
-    )
+    return CellSpec.from_cell(entry.cell, out_dir=entry.out_dir, mutant=entry.mutant,
+                              run_number=max(entry.run, 1))
 
 
 _WHOLE = 1 << 24  # a stack dump or launcher log is read whole (up to its last 16 MiB)
