@@ -25,6 +25,7 @@ from typing import TextIO
 from cpmatrix.cli.common import DEFAULT_MATRIX, load_and_expand
 from cpmatrix.cli.console import format_summary
 from cpmatrix.errors import ExitCode
+from cpmatrix.layout import COMMAND, LAUNCHER_LOG, RunLayout
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.outdir import claim_out
 from cpmatrix.run.session import run_cells
@@ -65,7 +66,7 @@ class LogStreamer(threading.Thread):
         self.pump()
 
     def pump(self) -> None:
-        for command in sorted(self.worlds_dir.glob("*/command.json")):
+        for command in sorted(self.worlds_dir.glob(f"*/{COMMAND}")):
             if command in self.printed_commands:
                 continue
             self.printed_commands.add(command)
@@ -75,7 +76,7 @@ class LogStreamer(threading.Thread):
                 continue
             print(f"$ {shlex.join(argv)}", file=self.stream, flush=True)
         for log in sorted(self.worlds_dir.glob("*/rank*.log")) + sorted(
-                self.worlds_dir.glob("*/torchrun.log")):
+                self.worlds_dir.glob(f"*/{LAUNCHER_LOG}")):
             start = self.offsets.get(log, 0)
             try:
                 with open(log, "rb") as f:
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                  "--runner", prepared.runner.name] + (
                      ["--mutant", args.mutant] if args.mutant else [])
         print(f"repro: {shlex.join(paste)}")
-        streamer = LogStreamer(out / "worlds", sys.stdout)
+        streamer = LogStreamer(RunLayout(out).worlds, sys.stdout)
         # the unmutated cell first: a mutant is judged only against a green cell
         mutants = {cell.id: ["", args.mutant]} if args.mutant else None
         streamer.start()

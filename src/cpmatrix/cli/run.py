@@ -19,6 +19,7 @@ from pathlib import Path
 from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
 from cpmatrix.cli.console import Progress, format_summary
 from cpmatrix.errors import ExitCode, UsageError
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
@@ -161,7 +162,7 @@ def write_report_html(out: Path) -> None:
     from cpmatrix.report.html import write_html
 
     try:
-        write_html(out / "report.xml", out / "report.html")
+        write_html(RunLayout(out).report_xml, RunLayout(out).report_html)
     except (ReportError, OSError) as exc:
         print(f"warning: report.html not written: {exc}", file=sys.stderr)
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cpmatrix.parity.errors import Check
 from cpmatrix.parity.verdict import CheckOutcome
 
 if TYPE_CHECKING:
@@ -149,6 +150,6 @@ def warning_outcome(sink: list[str]) -> CheckOutcome:
 def record_warnings(verdicts: Verdicts, sink: list[str]) -> None:
     """Record the warnings either side raised: ``setup``'s verdict on them and, when there
     were any, their summary as the ``warnings`` evidence."""
-    verdicts.add("setup", warning_outcome(sink))
+    verdicts.add(Check.SETUP, warning_outcome(sink))
     if sink:
         verdicts.evidence["warnings"] = warning_outcome(sink).summary

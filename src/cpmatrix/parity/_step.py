@@ -29,7 +29,7 @@ from cpmatrix.parity._inputs import Axes, Inputs, default_placement_note, tensor
 from cpmatrix.parity._twin import Twin
 from cpmatrix.parity._verdicts import Verdicts
 from cpmatrix.parity._weights import sharded_state
-from cpmatrix.parity.errors import ParityError
+from cpmatrix.parity.errors import Check, ParityError
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = [
@@ -78,7 +78,7 @@ def cp_context(context: Any) -> EnterStep:
     if context is None:
         return lambda _inputs: contextlib.nullcontext()
     if not callable(context):
-        raise ParityError("setup", f"context must be a factory of a context manager, called "
+        raise ParityError(Check.SETUP, f"context must be a factory of a context manager, called "
                                    f"once per CP step (context=loss_parallel, not "
                                    f"context=loss_parallel()); got a {type(context).__name__}")
 
@@ -87,7 +87,7 @@ def cp_context(context: Any) -> EnterStep:
     def enter(inputs: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
         made = context(inputs) if with_inputs else context()
         if not (hasattr(made, "__enter__") and hasattr(made, "__exit__")):
-            raise ParityError("setup", f"context() must return a context manager, got a "
+            raise ParityError(Check.SETUP, f"context() must return a context manager, got a "
                                        f"{type(made).__name__}")
         return made  # type: ignore[no-any-return]
 
@@ -148,7 +148,7 @@ def skip_grads_for_shapes(verdicts: Verdicts, shapes: list[str]) -> None:
     as missing."""
     why = (f"no CP backward ran: the CP output's shape is wrong ({'; '.join(shapes)}), "
            f"so no grad_output fits it (see output)")
-    for check in ("input_grad", "param_grad", "buffer"):
+    for check in (Check.INPUT_GRAD, Check.PARAM_GRAD, Check.BUFFER):
         verdicts.skipped[check] = why
 
 

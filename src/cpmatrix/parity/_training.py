@@ -47,7 +47,7 @@ from cpmatrix.parity.checks import (
 )
 from cpmatrix.parity.compare import compare_named, flatten, to_full
 from cpmatrix.parity.dtypes import autocast_ctx
-from cpmatrix.parity.errors import ParityError, odd_input_fails
+from cpmatrix.parity.errors import Check, ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = ["OptimizerFactory", "run_training"]
@@ -79,14 +79,14 @@ def run_training(
     cells). The CP side's forward, loss and backward run inside ``enter()``; its optimizer
     step outside, as a training loop runs them."""
     if not (isinstance(serial, torch.nn.Module) and isinstance(cp, torch.nn.Module)):
-        raise ParityError("setup", "the workflow level (optimizer=...) needs two nn.Modules")
+        raise ParityError(Check.SETUP, "the workflow level (optimizer=...) needs two nn.Modules")
     warns: list[str] = []
     with recording_warnings(warns):
         cp, perturbed, weights = load_modules(
             cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp)
-        verdicts.add("setup", weights)
+        verdicts.add(Check.SETUP, weights)
         twin = make_twin(serial) if tol.twin is not None else Twin(why="fixed")
-        verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
+        verdicts.lines.setdefault(Check.NONZERO, []).append(perturbed_line(perturbed, perturb))
         s_params, c_params = named_params(serial), named_params(cp)
         check_same_names("parameters", s_params, c_params)
         t_params = named_params(twin.module) if twin.ok else {}
@@ -99,7 +99,7 @@ def run_training(
             t_opt = optimizer(twin.module.parameters()) if twin.ok else None
         losses: dict[str, tuple[Any, ...]] = {}
         for step in range(steps):
-            with odd_input_fails("setup"):
+            with odd_input_fails(Check.SETUP):
                 ins = materialize(cell, inputs, placements)
             t_ins, _ = upcast_inputs(ins.serial, []) if twin.ok else ({}, {})
             s_leaves, axes_of, proj, s_loss = _serial_step(
@@ -126,10 +126,10 @@ def run_training(
     verdicts.evidence["twin"] = twin_line(tol, twin)
     if not twin.ok:
         losses = {n: v[:2] for n, v in losses.items()}
-    verdicts.add_diffs("loss", compare_named(losses, tol), tol)
+    verdicts.add_diffs(Check.LOSS, compare_named(losses, tol), tol)
     _check_weight_deltas(cell, verdicts, tol, twin, (s_params, c_params, t_params),
                          (s_before, c_before, t_before), allow_zero)
-    verdicts.lines.setdefault("loss", []).append(
+    verdicts.lines.setdefault(Check.LOSS, []).append(
         "losses " + ", ".join(f"{float(v[1]):.6g}" for v in losses.values())
     )
     return finish(cell, verdicts, tol, perturbed)
@@ -153,17 +153,17 @@ def _check_weight_deltas(cell: Any, verdicts: Verdicts, tol: Tolerance, twin: Tw
     t_delta = ({n: p.detach() - t_before[n] for n, p in t_params.items()}
                if twin.ok else {})
     verdicts.add_diffs(
-        "weight_delta",
+        Check.WEIGHT_DELTA,
         compare_named({n: (c_delta[n], d, t_delta.get(n)) for n, d in s_delta.items()}, tol),
         tol,
     )
     verdicts.add(
-        "nonzero",
+        Check.NONZERO,
         grad_problems({f"delta {n}": d for n, d in s_delta.items()}, allow_zero=allow_zero),
     )
     # replicas that drifted apart are weight deltas that differ across ranks
     verdicts.add(
-        "weight_delta",
+        Check.WEIGHT_DELTA,
         replicated_problems({f"param {n}": p for n, p in c_params.items()}, cell.mesh),
     )
 
@@ -179,12 +179,12 @@ def _serial_step(
     with autocast_ctx(cell):
         s_out = serial(**ins.serial)
     s_leaves = dict(flatten(s_out))
-    with odd_input_fails("setup"):
+    with odd_input_fails(Check.SETUP):
         axes_of = output_axes_map(output_axes, s_leaves)
     proj = _projections(cell, s_leaves) if loss is None else {}
     s_loss = _loss(s_out, s_leaves, proj, loss)
     if first:
-        verdicts.add("nonzero", _uniform_grad_problems(s_loss, s_leaves))
+        verdicts.add(Check.NONZERO, _uniform_grad_problems(s_loss, s_leaves))
     s_opt.zero_grad(set_to_none=True)
     torch.autograd.backward([s_loss])
     return s_leaves, axes_of, proj, s_loss
@@ -202,7 +202,7 @@ def _cp_step(
             c_out = run_cp(cp, ins)
         c_leaves = dict(flatten(c_out))
         check_same_names("outputs", s_leaves, c_leaves)
-        with odd_input_fails("loss"):
+        with odd_input_fails(Check.LOSS):
             c_laid = {n: serial_layout(ins, c_leaves[n], axes_of.get(n)) for n in proj}
         c_loss = to_full(_loss(c_out, c_laid, proj, loss))
         c_opt.zero_grad(set_to_none=True)
@@ -259,15 +259,15 @@ def _first_step(
 ) -> None:
     """Step 0's inputs, sharding and outputs (the later steps' are the same kind)."""
     verdicts.add(
-        "replicated_identical",
+        Check.REPLICATED_IDENTICAL,
         replicated_problems(tensors_of(ins.serial, "input "), cell.mesh),
     )
     check_sharding_active(cell, verdicts, ins, c_leaves, cp, c_params, activations)
-    with odd_input_fails("output"):
+    with odd_input_fails(Check.OUTPUT):
         outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s,
                        t_out.get(n) if twin.ok else None)
                    for n, s in s_leaves.items()}
-    verdicts.add_diffs("output", compare_named(outputs, tol), tol)
+    verdicts.add_diffs(Check.OUTPUT, compare_named(outputs, tol), tol)
 
 
 def _first_step_grads(
@@ -280,7 +280,7 @@ def _first_step_grads(
     check_param_grads(verdicts, s_params, c_params, tol, cell.mesh,
                       {n: p.grad for n, p in t_params.items()} if twin.ok else {})
     verdicts.add(
-        "nonzero",
+        Check.NONZERO,
         grad_problems(
             {f"grad {n}": p.grad for n, p in s_params.items()},
             allow_zero=allow_zero,

@@ -52,7 +52,7 @@ from typing import Any, Final
 
 import torch
 
-from cpmatrix.parity.errors import EntropyError, odd_input_fails
+from cpmatrix.parity.errors import Check, EntropyError, odd_input_fails
 
 __all__ = [
     "EntropyReport",
@@ -394,7 +394,7 @@ def assert_entropy(
     Draws smaller than ``min_numel`` are ignored (a scalar draw proves nothing). Malformed
     fingerprints or axes fail the check (``rng_entropy``) with the reason.
     """
-    with odd_input_fails("rng_entropy"):
+    with odd_input_fails(Check.RNG_ENTROPY):
         return _entropy(fingerprints, sharded, replicated, labels, min_ranks, min_numel)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.layout import STACKS, rank_dir
 from cpmatrix.matrix.pytest_verdict import PhaseVerdict, Verdict
 from cpmatrix.result import FailureKind, Result
 
@@ -90,7 +91,7 @@ def _stacks(cell_dir: Path | None, size: int) -> dict[int, str]:
         return out
     for r in range(size):
         try:
-            text = (cell_dir / f"rank{r}" / "stacks.txt").read_text(errors="replace")
+            text = (rank_dir(cell_dir, r) / STACKS).read_text(errors="replace")
         except OSError:
             continue
         if text.strip():

@@ -27,9 +27,15 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from cpmatrix.fsutil import atomic_write_json, read_json
+
+# The cell folder's names are the output folder's (here for the ranks that import them).
+from cpmatrix.layout import OUTPUT_LOG, cell_output_log, cell_output_logs, work_folder
+
+if TYPE_CHECKING:  # the ranks never import the spec's modules
+    from cpmatrix.matrix.schema import Cell
 
 __all__ = [
     "OUTPUT_LOG",
@@ -107,6 +113,27 @@ class CellSpec(_Json):
     @property
     def world_size(self) -> int:
         return self.rows * self.cols
+
+    @classmethod
+    def from_cell(cls, cell: Cell, *, out_dir: str, mutant: str = "",
+                  run_number: int = 1) -> CellSpec:
+        """The one copy of a cell's fields into the spec a child runs (the axes parsed).
+
+        >>> from cpmatrix.matrix.schema import Cell, Mesh
+        >>> cell = Cell(id="t@cpu", target="t", case="m:f", kind="parity", level="unit",
+        ...     mesh=Mesh.parse("1x2"), dtype="fp64", autocast=False, path="reference",
+        ...     params=(("seq", 7),), platform="cpu", timeout_s=60, tags=())
+        >>> spec = CellSpec.from_cell(cell, out_dir="cells/t@cpu")
+        >>> spec.world_size, spec.params, spec.timeout_s
+        (2, {'seq': 7}, 60)
+        """
+        return cls(
+            id=cell.id, target=cell.target, case=cell.case, case_file=cell.case_file,
+            kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
+            dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
+            platform=cell.platform, timeout_s=cell.timeout_s, mutant=mutant,
+            out_dir=out_dir, run_number=run_number,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,45 +276,6 @@ def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
     if kind not in ("start", "done") or not sep or not index.isdigit() or not rank.isdigit():
         return None
     return int(index), int(rank), kind  # type: ignore[return-value]
-
-
-def work_folder(out_dir: str, world: str) -> str:
-    """A cell's working folder in one world launch, relative to the run's output folder.
-
-    It holds the cell's working directory, ``HOME`` and ``TMPDIR`` (``cwd``, ``home``,
-    ``tmp``), shared by the cell's ranks; the supervisor removes it when the cell passed,
-    and keeps it (the report names it) when it did not. Per launch, so a rerun
-    never meets a kept folder of an earlier attempt.
-
-    >>> work_folder("cells/t[unit]@cpu", "003-cpu-w2-b0.a1")
-    'cells/t[unit]@cpu/work/003-cpu-w2-b0.a1'
-    """
-    return f"{out_dir}/work/{world}"
-
-
-def cell_output_log(out_dir: str, rank: int) -> str:
-    """What rank ``rank`` of a cell printed while it ran (its share of the world's rank
-    log), relative to the run's output folder; written by the supervisor for every cell,
-    stored with a cached pass and put back on a hit (docs/cache.md).
-
-    >>> cell_output_log("cells/t[unit]@cpu", 1)
-    'cells/t[unit]@cpu/rank1/output.log'
-    """
-    return f"{out_dir}/rank{rank}/{OUTPUT_LOG}"
-
-
-def cell_output_logs(cell_folder: str | os.PathLike[str]) -> dict[int, Path]:
-    """Every rank's :func:`cell_output_log` found in a cell's folder, by rank."""
-    found = {}
-    for log in Path(cell_folder).glob(f"rank*/{OUTPUT_LOG}"):
-        rank = log.parent.name.removeprefix("rank")
-        if rank.isdigit():
-            found[int(rank)] = log
-    return dict(sorted(found.items()))
-
-
-#: The file name of :func:`cell_output_log`.
-OUTPUT_LOG = "output.log"
 
 
 def write_typed(path: str | os.PathLike[str], value: _Json) -> None:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
+from cpmatrix.layout import STACKS, rank_dir
 from cpmatrix.remote.cellenv import CellEnvironment
 from cpmatrix.remote.exchange import blame_state, exchange
 from cpmatrix.remote.forks import leave_if_child
@@ -158,7 +159,7 @@ def run_cell(
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    out_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
+    out_dir = rank_dir(Path(world.out_root, spec.out_dir), rank)
     out_dir.mkdir(parents=True, exist_ok=True)
     seed = seed_for(spec.id, spec.run_number)
     started = time.time()
@@ -183,14 +184,10 @@ def run_cell(
         case, case_file = _import_case(spec.case, spec.case_file)
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed)
-        ctx = CellContext(
-            id=spec.id, rank=rank, world_size=spec.world_size, mesh=mesh, device=device,
-            backend=world.backend, dtype=getattr(torch, TORCH_DTYPES[spec.dtype]),
-            dtype_name=spec.dtype, autocast=spec.autocast, path=spec.path, level=spec.level,
-            params=dict(spec.params), seed=seed, generator=generator, out_dir=out_dir,
-            platform=spec.platform, target=spec.target, mutant=spec.mutant or None,
-            run_number=spec.run_number,
-        )
+        ctx = CellContext.from_spec(
+            spec, rank=rank, mesh=mesh, device=device, backend=world.backend,
+            dtype=getattr(torch, TORCH_DTYPES[spec.dtype]), seed=seed, generator=generator,
+            out_dir=out_dir)
         ctx.record("case_file", case_file)  # which file ran: the one the digest covers
         if ledger is not None:
             ledger.before_case()
@@ -383,10 +380,10 @@ class _Rank:
             return
         if decision == "new":
             self.group.switch(index, ranks, self.forget_meshes)
-        cell_dir = Path(self.world.out_root, spec.out_dir, f"rank{local}")
+        cell_dir = rank_dir(Path(self.world.out_root, spec.out_dir), local)
         cell_dir.mkdir(parents=True, exist_ok=True)
         # On timeout the supervisor asks for stacks: they land in the cell's folder.
-        self.dumper.switch(cell_dir / "stacks.txt")
+        self.dumper.switch(cell_dir / STACKS)
         t_env = time.perf_counter()
         self.env.enter(spec.out_dir, local=local, size=size)
         env_s = time.perf_counter() - t_env

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.procs import (
     descendants,
@@ -41,9 +42,9 @@ from cpmatrix.remote.procs import (
 from cpmatrix.report.history import (
     CellHistory,
     durations_of,
-    history_json,
-    load_histories,
+    load_run_history,
     merge_histories,
+    save_run_history,
     with_runs,
 )
 from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
@@ -55,7 +56,7 @@ from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.stopping import Stopper, StopRequested
 
-__all__ = ["RunReport", "load_durations", "run_cells"]
+__all__ = ["RunReport", "run_cells"]
 
 #: How often a job that never starts is launched again before its cells fail.
 START_RETRIES = 2
@@ -110,11 +111,6 @@ class RunReport:
         for r in self.results.values():
             out[r.status.value] = out.get(r.status.value, 0) + 1
         return out
-
-
-def load_durations(out_root: Path) -> dict[str, float]:
-    """The seconds each cell's last passing run took, from ``out_root``'s durations.json."""
-    return durations_of(load_histories(out_root / "durations.json"))
 
 
 @dataclass
@@ -179,10 +175,10 @@ def run_cells(
     out = context.out_root
     out.mkdir(parents=True, exist_ok=True)
     # A previous run's worlds and cell folders would be read as this run's progress.
-    for stale in ("worlds", "cells", "spill"):
-        shutil.rmtree(out / stale, ignore_errors=True)
+    for stale in RunLayout(out).job_folders():
+        shutil.rmtree(stale, ignore_errors=True)
     # --durations (an earlier release's) first; this folder's own records win over it.
-    history = merge_histories([recorded or {}, load_histories(out / "durations.json")])
+    history = merge_histories([recorded or {}, load_run_history(out)])
     durations = durations_of(history)
     # Worlds pack their cells onto their ranks by these (a handed-back rest included);
     # with --order by none, so that one order always gives one placement.
@@ -252,14 +248,14 @@ def run_cells(
     cell_index = {c.id: c for c in (*cells, *(c for c, _ in skipped))}
     world_files = []
     for batch, keys in session.by_batch.items():
-        path = out / "worlds" / f"{batch}.junit.xml"
+        path = RunLayout(out).world_junit(batch)
         write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
         world_files.append(path)
-    report = out / "report.xml"
+    report = RunLayout(out).report_xml
     merge_junit(world_files, report, run_id=context.run_id,
                 properties={"cpmatrix.order": context.order} if context.order else None)
-    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
-    atomic_write_json(out / "durations.json", history_json(history))
+    atomic_write_json(RunLayout(out).results, [r.to_dict() for r in ordered.values()])
+    save_run_history(out, history)
     if internal is not None:
         raise internal
     return RunReport(

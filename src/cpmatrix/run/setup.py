@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.result import Result
@@ -196,7 +197,7 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
                                                mutants is not None, toolchain, keys, anchors,
                                                remote_settings(options, matrix))
-    atomic_write_json(out / "run.json", {
+    atomic_write_json(RunLayout(out).run_info, {
         "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
         "runner": runner.name, "order": order or "planned",
         # The digest of every selected cell (a shard's: the whole selection's), so a

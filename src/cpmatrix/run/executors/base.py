@@ -72,6 +72,8 @@ class Executor(Protocol):
     """Runs one kind of cell: plans its batches and makes their jobs."""
 
     name: str
+    #: The cell kinds it runs (``matrix.schema.KINDS``): each kind is one executor's.
+    kinds: tuple[str, ...]
     #: What its jobs are, in messages: "a world", "the spill compiler"; and counted.
     noun: str
     plural: str

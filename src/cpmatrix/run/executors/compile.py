@@ -24,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from cpmatrix.fsutil import tail_lines
+from cpmatrix.layout import COMPILE_LOG, RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.protocol import CompileJob, Outcome, write_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
@@ -82,7 +83,7 @@ class CompileRun:
         self.entries = list(entries)
         self.context = context
         self.devices: tuple[int, ...] = ()
-        self.dir = context.out_root / "spill" / name
+        self.dir = RunLayout(context.out_root).compile_job(name)
         self.progress = Progress(self.dir / "progress", context.run_id)
         # Compiles need no isolation beyond the hermetic environment: always local.
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", LocalRunner())
@@ -113,7 +114,7 @@ class CompileRun:
             self.child.start(Launch(
                 argv=(ctx.python, "-m", "cpmatrix.remote.compile_main",
                       str(self.dir / "job.json")),
-                env=env, cwd=str(self.dir), name=self.name), self.dir / "spill.log")
+                env=env, cwd=str(self.dir), name=self.name), self.dir / COMPILE_LOG)
         except OSError as exc:
             self.start_failed = True
             self.start_error = f"could not start the spill compiler: {exc}"
@@ -149,7 +150,7 @@ class CompileRun:
             self.progress.read()
             if (self._next, 0) in self.progress.dones:
                 return out + self.poll()  # it finished the cell as it exited
-            tail = tail_lines(self.dir / "spill.log", lines=20)
+            tail = tail_lines(self.dir / COMPILE_LOG, lines=20)
             if (self._next, 0) not in self.progress.starts and self._next == 0:
                 self.start_failed = True
                 self.start_error = f"the spill compiler exited at once: {tail[-500:]}"
@@ -172,13 +173,14 @@ class CompileRun:
         self.finished = True
 
     def launcher_tail(self) -> str:
-        return tail_lines(self.dir / "spill.log")
+        return tail_lines(self.dir / COMPILE_LOG)
 
 
 class CompileExecutor:
     """Spill cells: every one of a run in one compile subprocess (fresh after a fault)."""
 
     name = "compile"
+    kinds: tuple[str, ...] = ("spill",)
     noun = "the spill compiler"
     plural = "compile jobs"
     #: A compile is deterministic: a crash is the compiler's, retried alone it would crash

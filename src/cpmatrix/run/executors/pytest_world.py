@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from cpmatrix.matrix.pytest_records import judge_files, judged_result
-from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, cell_test
+from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.protocol import CellSpec
 from cpmatrix.result import Result
@@ -62,6 +62,7 @@ class PytestExecutor(WorldExecutor):
     """Pytest cells in worlds: one per pytest session, and one per isolated test."""
 
     name = "pytest"
+    kinds: tuple[str, ...] = (KIND,)
     noun = "a pytest world"
     plural = "pytest worlds"
     supports_mutants = False

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
+from cpmatrix.layout import COMMAND, LAUNCHER_LOG, STACKS, RunLayout, rank_dir
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.remote.protocol import (
     CellSpec,
@@ -72,14 +73,8 @@ __all__ = ["WorldRun", "cell_spec"]
 
 def cell_spec(entry: Entry) -> CellSpec:
     """The typed cell a rank runs: the axes parsed once, here."""
-    cell = entry.cell
-    return CellSpec(
-        id=cell.id, target=cell.target, case=cell.case, case_file=cell.case_file,
-        kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
-        dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
-        platform=cell.platform, timeout_s=cell.timeout_s, mutant=entry.mutant,
-        out_dir=entry.out_dir, run_number=max(entry.run, 1),
-    )
+    return CellSpec.from_cell(entry.cell, out_dir=entry.out_dir, mutant=entry.mutant,
+                              run_number=max(entry.run, 1))
 
 
 _WHOLE = 1 << 24  # a stack dump or launcher log is read whole (up to its last 16 MiB)
@@ -113,7 +108,7 @@ class WorldRun:
         #: Ranks launched; each cell runs in a process group of its own ranks only
         #: (:mod:`cpmatrix.remote.subworld`), cells on disjoint ranks at once.
         self.world_size = packing.ranks
-        self.dir = context.out_root / "worlds" / name
+        self.dir = RunLayout(context.out_root).world(name)
         self.progress = Progress(self.dir / "progress", context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
         self.started_at = 0.0
@@ -178,8 +173,8 @@ class WorldRun:
                 name=f"cpmatrix-{os.getpid()}-{self.name}".replace(".", "-"),
                 devices=self.devices,
             )
-            cmd = self.child.start(launch, self.dir / "torchrun.log")
-            atomic_write_json(self.dir / "command.json", {"argv": cmd, "env": launch.env})
+            cmd = self.child.start(launch, self.dir / LAUNCHER_LOG)
+            atomic_write_json(self.dir / COMMAND, {"argv": cmd, "env": launch.env})
         except OSError as exc:
             self._fail_all(f"could not start the world: {type(exc).__name__}: {exc}")
             return
@@ -192,7 +187,7 @@ class WorldRun:
                     cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
                     message=message, mutant=entry.mutant, attempts=entry.attempt,
                     out_dir=entry.out_dir,
-                    stderr_tails={-1: tail_lines(self.dir / "torchrun.log")}))
+                    stderr_tails={-1: tail_lines(self.dir / LAUNCHER_LOG)}))
         self.finished = True
 
     def _report(self, i: int, result: Result) -> None:
@@ -402,7 +397,7 @@ class WorldRun:
             failures = tuple(
                 RankFailure(rank=r, message=f"rank {r} still in the cell after "
                             f"{entry.cell.timeout_s} s",
-                            traceback=read_segment(cell_dir / f"rank{r}" / "stacks.txt",
+                            traceback=read_segment(rank_dir(cell_dir, r) / STACKS,
                                                    cap=_WHOLE))
                 for r in missing)
             result = Result(
@@ -439,7 +434,7 @@ class WorldRun:
             return
         # The first rank that died (the launcher's root cause, else by pid; world ranks)
         # names the culprit: the cell it was running. Cells on other ranks rerun.
-        root = torchrun_root_cause(read_segment(self.dir / "torchrun.log", cap=_WHOLE))
+        root = torchrun_root_cause(read_segment(self.dir / LAUNCHER_LOG, cap=_WHOLE))
         first: dict[int, str] = {}
         if root is not None:
             first = {root[0]: root[1]}
@@ -489,7 +484,7 @@ class WorldRun:
         self.finished = True
 
     def launcher_tail(self) -> str:
-        return tail_lines(self.dir / "torchrun.log")
+        return tail_lines(self.dir / LAUNCHER_LOG)
 
 
 def _remove_folder(folder: Path) -> None:

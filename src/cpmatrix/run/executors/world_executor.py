@@ -29,6 +29,7 @@ class WorldExecutor:
     """Parity and property cells in worlds of ranks, one world per platform."""
 
     name = "world"
+    kinds: tuple[str, ...] = ("parity", "property")
     noun = "a world"
     plural = "worlds"
     retries_crashes = True
