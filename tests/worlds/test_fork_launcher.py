@@ -1,7 +1,8 @@
 """The fork launcher (``cpmatrix.remote.forkrun``) on its own: the ranks it forks get
 torchrun's variables, die with it, and the first failing rank is named; it refuses to
 fork once a thread exists. (Through the product, every world test runs on it: it is the
-default ``--launcher``.)"""
+default ``--launcher``.) The first failing rank is a typed record for the supervisor
+(``--root-cause-file``) and torchrun's "Root Cause" block in the log for people."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from cli_runner import wait_for
+from cpmatrix.remote.protocol import RootCause, read_typed
 from cpmatrix.run.executors.attribution import torchrun_root_cause
 
 RES = Path(__file__).parents[1] / "resources" / "fork"
@@ -32,7 +34,8 @@ def launch(out: Path, module: str, *args: str) -> subprocess.Popen[bytes]:
     with open(out / "launcher.log", "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "cpmatrix.remote.forkrun", "--nproc-per-node=3",
-             f"--master-port={free_port()}", "-m", module, str(out), *args],
+             f"--master-port={free_port()}", f"--root-cause-file={out / 'cause.json'}",
+             "-m", module, str(out), *args],
             env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -57,6 +60,7 @@ def test_ranks_get_torchruns_variables_and_exit_cleanly(tmp_path: Path) -> None:
     proc = launch(tmp_path, "fork_targets", "ok")
     output = finish(proc, tmp_path)
     assert proc.returncode == 0, output
+    assert not (tmp_path / "cause.json").exists()  # no rank failed
     lines = [(tmp_path / f"rank{r}.pid").read_text().split() for r in range(3)]
     assert {size for _, size, _ in lines} == {"3"}
     assert len({pid for pid, _, _ in lines}) == 3
@@ -83,8 +87,12 @@ def test_the_first_failing_rank_is_named_and_the_others_are_killed(tmp_path: Pat
     proc = launch(tmp_path, "fork_targets", "exit7_rank1")
     output = finish(proc, tmp_path)
     assert proc.returncode == 1, output
+    cause = read_typed(tmp_path / "cause.json", RootCause)
+    pids = rank_pids(tmp_path)
+    assert cause is not None and (cause.rank, cause.exitcode, cause.pid) == (1, 7, pids[1])
+    # The same rank, as people read it in the launcher's log (torchrun's own block).
     assert torchrun_root_cause(output) == (1, "exited with code 7"), output
-    assert not any(alive(p) for p in rank_pids(tmp_path))
+    assert not any(alive(p) for p in pids)
 
 
 def test_it_refuses_to_fork_once_a_thread_exists(tmp_path: Path) -> None:
