@@ -44,6 +44,8 @@ SPELLINGS = {
     "markers": re.compile(r"^(start|done)$|^\.r$"),
     "store keys and words": re.compile(r"^cpmatrix/|^/ready/|^(go|stop):?$"),
     "statuses": re.compile(r"^(ok|error|recycle)$"),
+    # --profile is a run option carried in the world file, not read from the environment.
+    "environment": re.compile(r"CPMATRIX_PROFILE"),
 }
 #: Literals that are not the protocol's, with the reason.
 NOT_PROTOCOL = {
@@ -113,13 +115,17 @@ def test_records_round_trip_and_refuse_other_runs_and_other_shapes(tmp_path: Pat
     path = tmp_path / "w.json"
     world = WorldSpec(name="w", run_id="r1", supervisor_pid=1, dir="d", out_root="o",
                       backend="gloo", device="cpu", platform="cpu", pg_timeout_s=60.0,
-                      pythonpath=[], project_roots=[], cells=[])
+                      pythonpath=[], project_roots=[], cells=[], profile=True)
     write_typed(path, world)
     assert read_typed(path, WorldSpec) == world
     assert read_typed(path, WorldSpec, run="r1") == world
     assert read_typed(path, WorldSpec, run="r2") is None  # another run's
     assert read_typed(path, RootCause) is None  # not this type's shape
     assert read_typed(tmp_path / "missing.json", WorldSpec) is None
+    # A world file written before the profile field reads as not profiled.
+    data = world.to_json()
+    del data["profile"]
+    assert WorldSpec.from_json(data).profile is False
 
 
 def test_store_words_parse_back_and_garbage_is_never_go_or_ok() -> None:

@@ -6,6 +6,7 @@ default ``--launcher``.) The first failing rank is a typed record for the superv
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from cli_runner import wait_for
-from cpmatrix.remote.protocol import RootCause, read_typed
+from cpmatrix.remote.protocol import RootCause, WorldFolder, read_typed
 from cpmatrix.run.executors.attribution import torchrun_root_cause
 
 RES = Path(__file__).parents[1] / "resources" / "fork"
@@ -101,3 +102,22 @@ def test_it_refuses_to_fork_once_a_thread_exists(tmp_path: Path) -> None:
     assert proc.returncode == 3, output
     assert "refusing to fork: 2 threads" in output
     assert not list(tmp_path.glob("rank*.pid"))
+
+
+def test_profile_is_a_run_option_the_ranks_read_from_the_world_file(tmp_path: Path) -> None:
+    """``--profile`` reaches the ranks through the world file (``WorldSpec.profile``), not
+    the environment: each rank prints one PROFILE line per cell into its log."""
+    from cli_runner import run_cli
+
+    matrix = Path(__file__).parents[1] / "resources" / "basic.yaml"
+    select = ("-k", "alpha and 1x1 and fp64 and autocast=off and seq=7", "--no-cache")
+    for profile in (True, False):
+        out = tmp_path / f"profile-{profile}"
+        proc = run_cli("run", "--matrix", str(matrix), *select, "--out", str(out),
+                       *(["--profile"] if profile else []))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (world,) = [w for w in (out / "worlds").iterdir() if w.is_dir()]
+        folder = WorldFolder(world)
+        assert json.loads(folder.world_file.read_text())["profile"] is profile
+        log = folder.rank_log(0).read_text()
+        assert ("PROFILE env=" in log) is profile, log

@@ -238,7 +238,6 @@ class _Rank:
         #: Set once a cell changed what cannot be restored: this process runs no more
         #: cells, it only tells the peers of its remaining cells to skip them.
         self.tainted = False
-        self.profile = bool(os.environ.get("CPMATRIX_PROFILE"))
 
     def forget_meshes(self) -> None:
         for mesh in self.meshes.values():
@@ -318,7 +317,7 @@ class _Rank:
             # this process (the supervisor reruns them in a fresh world).
             self.tainted = True
         self.keep_or_drop(spec, mesh, clean and not destroyed, verdict, report)
-        if self.profile:
+        if self.world.profile:
             parts = " ".join(f"{k}={1000 * v:.1f}ms" for k, v in self.isolation.timings.items())
             print(f"PROFILE env={1000*env_s:.1f}ms "
                   f"checks={1000*(t_checked-t_after):.1f}ms ({parts}) "

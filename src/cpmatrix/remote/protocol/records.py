@@ -130,6 +130,9 @@ class WorldSpec(_Json):
     #: state): the pytest front's in-rank session (:mod:`cpmatrix.pytest_front.rank`).
     #: Empty: none.
     prepare: str = ""
+    #: ``--profile``: each rank prints a ``PROFILE`` line per cell into its log (the
+    #: cell's environment, isolation checks, barrier, group check and setup times).
+    profile: bool = False
 
     def ranks_of(self, index: int) -> tuple[int, ...]:
         """The world ranks cell ``index`` runs on; its rank ``r`` is ``ranks_of(i)[r]``.

@@ -161,7 +161,7 @@ class WorldRun:
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
                 cells=[self.cell_spec(e) for e in self.entries], prepare=self.prepare,
-                placement=[list(p) for p in self.placement])
+                placement=[list(p) for p in self.placement], profile=ctx.profile)
             write_typed(folder.world_file, world)
             extra = dict(self.platform.env)
             extra["PYTHONPATH"] = os.pathsep.join(ctx.pythonpath)
