@@ -91,7 +91,7 @@ def _stacks(cell_dir: Path | None, size: int) -> dict[int, str]:
         return out
     for r in range(size):
         try:
-            text = (cell_dir.parent / cell_stacks(cell_dir.name, r)).read_text(errors="replace")
+            text = Path(cell_stacks(str(cell_dir), r)).read_text(errors="replace")
         except OSError:
             continue
         if text.strip():

@@ -118,6 +118,7 @@ class WorldFolder:
         return self.path / _PROGRESS
 
     def marker(self, index: int, rank: int, kind: MarkerKind) -> Path:
+        """Cell ``index``'s ``kind`` marker on ``rank`` (its rank in the cell)."""
         return self.progress / marker_name(index, rank, kind)
 
     @property
@@ -193,6 +194,7 @@ class CompileFolder:
 
     @property
     def progress(self) -> Path:
+        """The folder of the cells' markers (rank 0 only: a compile runs no world)."""
         return self.path / _PROGRESS
 
 
