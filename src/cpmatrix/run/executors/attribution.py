@@ -1,4 +1,5 @@
-"""What a cell's outcomes mean: pure functions, no processes (the world executor's verdicts).
+"""What a cell's outcomes mean: no processes, pure but for reading the launcher's root
+cause (the world executor's verdicts).
 
 Outcomes first, message patterns last: a rank whose own outcome is an error caused the
 failure; its error is collateral ("a peer left the collective") only when its message
