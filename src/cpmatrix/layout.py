@@ -36,11 +36,8 @@ from typing import Final
 
 __all__ = [
     "CELLS",
-    "COMMAND",
-    "COMPILE_LOG",
     "DURATIONS",
     "JOB_FOLDERS",
-    "LAUNCHER_LOG",
     "LOCK",
     "MARKER",
     "OUTPUTS",
@@ -57,6 +54,7 @@ __all__ = [
     "cell_dir",
     "cell_output_log",
     "cell_output_logs",
+    "cell_stacks",
     "rank_dir",
     "work_folder",
 ]
@@ -79,11 +77,6 @@ SHARD_MANIFEST: Final = "shard.json"
 WORLDS: Final = "worlds"
 SPILL: Final = "spill"
 CELLS: Final = "cells"
-#: A world launch's launcher output and command line (for ``cpmatrix repro``).
-LAUNCHER_LOG: Final = "torchrun.log"
-COMMAND: Final = "command.json"
-#: A compile job's output.
-COMPILE_LOG: Final = "spill.log"
 #: In a cell's rank folder: what the rank printed during the cell, and its stack dumps.
 OUTPUT_LOG: Final = "output.log"
 STACKS: Final = "stacks.txt"
@@ -199,6 +192,16 @@ def cell_output_log(out_dir: str, rank: int) -> str:
     'cells/t[unit]@cpu/rank1/output.log'
     """
     return f"{out_dir}/rank{rank}/{OUTPUT_LOG}"
+
+
+def cell_stacks(out_dir: str, rank: int) -> str:
+    """Where rank ``rank`` of a cell dumps every thread's stack when the supervisor asks
+    (a cell past its timeout), relative to the run's output folder.
+
+    >>> cell_stacks("cells/t[unit]@cpu", 0)
+    'cells/t[unit]@cpu/rank0/stacks.txt'
+    """
+    return f"{out_dir}/rank{rank}/{STACKS}"
 
 
 def cell_output_logs(cell_folder: str | os.PathLike[str]) -> dict[int, Path]:

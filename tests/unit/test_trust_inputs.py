@@ -221,7 +221,7 @@ def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
             write_typed(folder / marker_name(0, rank, "done"),
                         Outcome(index=0, rank=rank, id=cell.id, run=run, status="ok",
                                 evidence={"x": 1}))
-            write_typed(world.dir / f"rank{rank}.pid", PidFile(pid=1, rank=rank, run=run))
+            write_typed(world.folder.pid_file(rank), PidFile(pid=1, rank=rank, run=run))
         world._read_progress()
         world._collect_complete()
         return world

@@ -25,7 +25,8 @@ from typing import TextIO
 from cpmatrix.cli.common import DEFAULT_MATRIX, load_and_expand
 from cpmatrix.cli.console import format_summary
 from cpmatrix.errors import ExitCode
-from cpmatrix.layout import COMMAND, LAUNCHER_LOG, RunLayout
+from cpmatrix.layout import RunLayout
+from cpmatrix.remote.protocol import WorldFolder
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.outdir import claim_out
 from cpmatrix.run.session import run_cells
@@ -66,8 +67,9 @@ class LogStreamer(threading.Thread):
         self.pump()
 
     def pump(self) -> None:
-        for command in sorted(self.worlds_dir.glob(f"*/{COMMAND}")):
-            if command in self.printed_commands:
+        worlds = [WorldFolder(p) for p in sorted(self.worlds_dir.glob("*/"))]
+        for command in (w.command_file for w in worlds):
+            if command in self.printed_commands or not command.is_file():
                 continue
             self.printed_commands.add(command)
             try:
@@ -75,8 +77,7 @@ class LogStreamer(threading.Thread):
             except (OSError, ValueError, KeyError):
                 continue
             print(f"$ {shlex.join(argv)}", file=self.stream, flush=True)
-        for log in sorted(self.worlds_dir.glob("*/rank*.log")) + sorted(
-                self.worlds_dir.glob(f"*/{LAUNCHER_LOG}")):
+        for log in [log for w in worlds for log in w.logs()]:
             start = self.offsets.get(log, 0)
             try:
                 with open(log, "rb") as f:

@@ -65,3 +65,5 @@ class RunContext:
     sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: ``--order`` as given (``random:SEED`` with its seed), "" for the planner's own.
     order: str = ""
+    #: ``--profile``: the ranks print each cell's timings (``WorldSpec.profile``).
+    profile: bool = False

@@ -126,6 +126,10 @@ class RunOptions:
     dump_wait_s: float = field(default=1.5, metadata=_flag(
         "--dump-wait", "seconds between asking a hung world for its stacks and killing it",
         metavar="S", type=float))
+    profile: bool = field(default=False, metadata=_flag(
+        "--profile", "each rank prints a PROFILE line per cell into its log: the times of "
+        "the cell's environment, isolation checks, barrier, group check and setup",
+        action="store_true"))
 
     runs_per_test: int = field(default=1, metadata=_flag(
         "--runs-per-test", "run each selected cell N times (run numbers 1..N, each its own "

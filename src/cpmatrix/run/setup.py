@@ -138,7 +138,7 @@ def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
         readonly=(str(Path(matrix.path).resolve().parent),),
         abort_grace_s=options.abort_grace_s, startup_timeout_s=options.startup_timeout_s,
         dump_wait_s=options.dump_wait_s, teardown_grace_s=options.teardown_grace_s,
-        dead_rank_grace_s=options.dead_rank_grace_s,
+        dead_rank_grace_s=options.dead_rank_grace_s, profile=options.profile,
         compile_cache=None if _uncached(options) else cache_root(options) / "spill",
     )
 

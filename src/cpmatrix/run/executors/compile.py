@@ -24,9 +24,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from cpmatrix.fsutil import tail_lines
-from cpmatrix.layout import COMPILE_LOG, RunLayout
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.protocol import CompileJob, Outcome, write_typed
+from cpmatrix.remote.protocol import CompileFolder, CompileJob, Outcome, write_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -83,8 +83,10 @@ class CompileRun:
         self.entries = list(entries)
         self.context = context
         self.devices: tuple[int, ...] = ()
-        self.dir = RunLayout(context.out_root).compile_job(name)
-        self.progress = Progress(self.dir / "progress", context.run_id)
+        #: Its job file, log and markers (:mod:`cpmatrix.remote.protocol`).
+        self.folder = CompileFolder(RunLayout(context.out_root).compile_job(name))
+        self.dir = self.folder.path
+        self.progress = Progress(self.folder.progress, context.run_id)
         # Compiles need no isolation beyond the hermetic environment: always local.
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", LocalRunner())
         self.finished = False
@@ -106,15 +108,15 @@ class CompileRun:
                 cache_dir=str(ctx.compile_cache) if ctx.compile_cache else None,
                 search_path=list(ctx.pythonpath), out_root=str(ctx.out_root),
                 cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
-            write_typed(self.dir / "job.json", job)
+            write_typed(self.folder.job_file, job)
             env = hermetic_env(ctx.source_env, home=str(self.dir), tmp=str(self.dir),
                                extra={"PYTHONPATH": os.pathsep.join(ctx.pythonpath),
                                       WORLD_TOKEN: self.child.token})
             env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
             self.child.start(Launch(
                 argv=(ctx.python, "-m", "cpmatrix.remote.compile_main",
-                      str(self.dir / "job.json")),
-                env=env, cwd=str(self.dir), name=self.name), self.dir / COMPILE_LOG)
+                      str(self.folder.job_file)),
+                env=env, cwd=str(self.dir), name=self.name), self.folder.log)
         except OSError as exc:
             self.start_failed = True
             self.start_error = f"could not start the spill compiler: {exc}"
@@ -150,7 +152,7 @@ class CompileRun:
             self.progress.read()
             if (self._next, 0) in self.progress.dones:
                 return out + self.poll()  # it finished the cell as it exited
-            tail = tail_lines(self.dir / COMPILE_LOG, lines=20)
+            tail = tail_lines(self.folder.log, lines=20)
             if (self._next, 0) not in self.progress.starts and self._next == 0:
                 self.start_failed = True
                 self.start_error = f"the spill compiler exited at once: {tail[-500:]}"
@@ -173,7 +175,7 @@ class CompileRun:
         self.finished = True
 
     def launcher_tail(self) -> str:
-        return tail_lines(self.dir / COMPILE_LOG)
+        return tail_lines(self.folder.log)
 
 
 class CompileExecutor:

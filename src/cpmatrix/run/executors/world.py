@@ -34,15 +34,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
-from cpmatrix.layout import COMMAND, LAUNCHER_LOG, STACKS, RunLayout, rank_dir
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.remote.protocol import (
     CellSpec,
     Outcome,
     PidFile,
     RankLeft,
+    WorldFolder,
     WorldSpec,
     cell_output_log,
+    cell_stacks,
     read_typed,
     work_folder,
     write_typed,
@@ -53,8 +55,8 @@ from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.attribution import (
     COLLATERAL,
     describe_status,
+    launcher_root_cause,
     result_from_outcomes,
-    torchrun_root_cause,
 )
 from cpmatrix.run.executors.launch import (
     WORLD_TOKEN,
@@ -77,7 +79,7 @@ def cell_spec(entry: Entry) -> CellSpec:
                               run_number=max(entry.run, 1))
 
 
-_WHOLE = 1 << 24  # a stack dump or launcher log is read whole (up to its last 16 MiB)
+_WHOLE = 1 << 24  # a stack dump is read whole (up to its last 16 MiB)
 
 
 class WorldRun:
@@ -108,8 +110,9 @@ class WorldRun:
         #: Ranks launched; each cell runs in a process group of its own ranks only
         #: (:mod:`cpmatrix.remote.subworld`), cells on disjoint ranks at once.
         self.world_size = packing.ranks
-        self.dir = RunLayout(context.out_root).world(name)
-        self.progress = Progress(self.dir / "progress", context.run_id)
+        #: Every file the supervisor and the ranks exchange (:mod:`cpmatrix.remote.protocol`).
+        self.folder = WorldFolder(RunLayout(context.out_root).world(name))
+        self.progress = Progress(self.folder.progress, context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
         self.started_at = 0.0
         self.finished = False
@@ -138,25 +141,23 @@ class WorldRun:
     # ----------------------------------------------------------------- launch
     def start(self) -> None:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
-        ctx = self.context
+        ctx, folder = self.context, self.folder
         try:
-            if self.dir.exists():  # never read another launch's progress files
-                shutil.rmtree(self.dir)
+            if folder.path.exists():  # never read another launch's progress files
+                shutil.rmtree(folder.path)
             self.progress.folder.mkdir(parents=True, exist_ok=True)
-            home, tmp = self.dir / "home", self.dir / "tmp"
+            home, tmp = folder.home, folder.tmp
             home.mkdir(exist_ok=True)
             tmp.mkdir(exist_ok=True)
             world = WorldSpec(
                 name=self.name, run_id=ctx.run_id, supervisor_pid=os.getpid(),
-                dir=str(self.dir), out_root=str(ctx.out_root), backend=self.platform.backend,
+                dir=str(folder.path), out_root=str(ctx.out_root), backend=self.platform.backend,
                 device=self.platform.device, platform=self.platform.name,
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
-                cells=[self.cell_spec(e) for e in self.entries],
-                placement=[list(p) for p in self.placement], prepare=self.prepare,
-            )
-            world_file = self.dir / "world.json"
-            write_typed(world_file, world)
+                cells=[self.cell_spec(e) for e in self.entries], prepare=self.prepare,
+                placement=[list(p) for p in self.placement], profile=ctx.profile)
+            write_typed(folder.world_file, world)
             extra = dict(self.platform.env)
             extra["PYTHONPATH"] = os.pathsep.join(ctx.pythonpath)
             # Never the working directory first on sys.path: it could shadow a case module.
@@ -166,15 +167,15 @@ class WorldRun:
                 extra["CUDA_VISIBLE_DEVICES"] = physical_devices(self.devices, ctx.source_env)
             env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
             argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
-                                 str(world_file))
+                                 str(folder.world_file), str(folder.root_cause))
             launch = Launch(
-                argv=argv, env=env, cwd=str(self.dir), writable=(str(ctx.out_root),),
+                argv=argv, env=env, cwd=str(folder.path), writable=(str(ctx.out_root),),
                 readonly=tuple(dict.fromkeys((*ctx.readonly, *ctx.pythonpath))),
                 name=f"cpmatrix-{os.getpid()}-{self.name}".replace(".", "-"),
                 devices=self.devices,
             )
-            cmd = self.child.start(launch, self.dir / LAUNCHER_LOG)
-            atomic_write_json(self.dir / COMMAND, {"argv": cmd, "env": launch.env})
+            cmd = self.child.start(launch, folder.launcher_log)
+            atomic_write_json(folder.command_file, {"argv": cmd, "env": launch.env})
         except OSError as exc:
             self._fail_all(f"could not start the world: {type(exc).__name__}: {exc}")
             return
@@ -187,7 +188,7 @@ class WorldRun:
                     cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
                     message=message, mutant=entry.mutant, attempts=entry.attempt,
                     out_dir=entry.out_dir,
-                    stderr_tails={-1: tail_lines(self.dir / LAUNCHER_LOG)}))
+                    stderr_tails={-1: tail_lines(self.folder.launcher_log)}))
         self.finished = True
 
     def _report(self, i: int, result: Result) -> None:
@@ -210,10 +211,10 @@ class WorldRun:
                 self._first_error_at.setdefault(outcome.index, time.monotonic())
         for r in range(self.world_size):
             if r not in self._pids:
-                pid = read_typed(self.dir / f"rank{r}.pid", PidFile, run=self.context.run_id)
+                pid = read_typed(self.folder.pid_file(r), PidFile, run=self.context.run_id)
                 if pid is not None:
                     self._pids[r] = pid.pid
-            if r not in self._left and read_typed(self.dir / f"rank{r}.left", RankLeft,
+            if r not in self._left and read_typed(self.folder.left_file(r), RankLeft,
                                                   run=self.context.run_id) is not None:
                 self._left.add(r)
                 self._dead.pop(r, None)
@@ -302,7 +303,7 @@ class WorldRun:
         for r in self._ranks(i):
             start = self.progress.starts.get((i, r))
             done = self.progress.dones.get((i, r))
-            yield (r, self.dir / f"rank{self.placement[i][r]}.log",
+            yield (r, self.folder.rank_log(self.placement[i][r]),
                    start.log_offset if start else 0, done.log_end if done else None,
                    start is not None)
 
@@ -360,7 +361,7 @@ class WorldRun:
         return self._pids if self.context.runner.shares_pid_namespace else {}
 
     def _dump_stacks(self) -> None:
-        (self.dir / "dump.request").write_text(f"{time.time()}\n")
+        self.folder.dump_request.write_text(f"{time.time()}\n")
         for pid in self._host_pids().values():
             try:
                 os.kill(pid, signal.SIGUSR1)
@@ -393,11 +394,11 @@ class WorldRun:
                 f"within {self.context.abort_grace_s:.0f} s of the failure (waiting on the "
                 "failed rank); their stacks are in the cell folder")
         else:
-            cell_dir = self.context.out_root / entry.out_dir
+            root = self.context.out_root
             failures = tuple(
                 RankFailure(rank=r, message=f"rank {r} still in the cell after "
                             f"{entry.cell.timeout_s} s",
-                            traceback=read_segment(rank_dir(cell_dir, r) / STACKS,
+                            traceback=read_segment(root / cell_stacks(entry.out_dir, r),
                                                    cap=_WHOLE))
                 for r in missing)
             result = Result(
@@ -434,7 +435,7 @@ class WorldRun:
             return
         # The first rank that died (the launcher's root cause, else by pid; world ranks)
         # names the culprit: the cell it was running. Cells on other ranks rerun.
-        root = torchrun_root_cause(read_segment(self.dir / LAUNCHER_LOG, cap=_WHOLE))
+        root = launcher_root_cause(self.context.launcher, self.folder)
         first: dict[int, str] = {}
         if root is not None:
             first = {root[0]: root[1]}
@@ -484,7 +485,7 @@ class WorldRun:
         self.finished = True
 
     def launcher_tail(self) -> str:
-        return tail_lines(self.dir / LAUNCHER_LOG)
+        return tail_lines(self.folder.launcher_log)
 
 
 def _remove_folder(folder: Path) -> None:

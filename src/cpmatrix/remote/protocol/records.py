@@ -1,15 +1,13 @@
-"""The files that cross a process boundary, typed once and imported by both sides.
+"""The typed files of the protocol: job files, markers, outcomes, pid and left files.
 
-Standard library only: the worker side (:mod:`~cpmatrix.remote.world_main`,
-:mod:`~cpmatrix.remote.compile_main`) imports it at start-up.
-
-A supervisor writes a **job file** and starts the child; the child writes, per cell, a
-**start marker** before the cell runs and an **outcome** (the done marker) after it,
-both atomically, in ``progress/`` and both carrying the run's id; a world's ranks also
-write a **pid file** each, and a **left file** when they exit normally. Marker names are
-``<cell index>.r<rank>.start|done``, the rank counted in the cell (a compile job is rank
-0). A file of another run, or one that does not parse as its type, is ignored
-by the reader (``None``), never mistaken for this run's evidence.
+A supervisor writes a **job file** (:class:`WorldSpec`, :class:`CompileJob`) and starts
+the child; the child writes, per cell, a :class:`StartMarker` before the cell runs and an
+:class:`Outcome` (the done marker) after it, both atomically and both carrying the run's
+id; a world's ranks also write a :class:`PidFile` each and a :class:`RankLeft` when they
+exit normally; the fork launcher writes a :class:`RootCause` when a rank fails first. A
+file of another run, or one that does not parse as its type, is ignored by the reader
+(``None``), never mistaken for this run's evidence. Where each file lives:
+:mod:`cpmatrix.remote.protocol.folders`.
 
 Example::
 
@@ -17,8 +15,6 @@ Example::
     ...                 case="m:f", rows=1, cols=2, dtype="fp64", out_dir="cells/t")
     >>> CellSpec.from_json(spec.to_json()) == spec, spec.world_size
     (True, 2)
-    >>> marker_name(3, 1, "done"), parse_marker_name("3.r1.done")
-    ('3.r1.done', (3, 1, 'done'))
 """
 
 from __future__ import annotations
@@ -27,36 +23,34 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from cpmatrix.fsutil import atomic_write_json, read_json
-
-# The cell folder's names are the output folder's (here for the ranks that import them).
-from cpmatrix.layout import OUTPUT_LOG, cell_output_log, cell_output_logs, work_folder
 
 if TYPE_CHECKING:  # the ranks never import the spec's modules
     from cpmatrix.matrix.schema import Cell
 
 __all__ = [
-    "OUTPUT_LOG",
+    "ERROR",
+    "OK",
     "CellSpec",
     "CompileJob",
     "Outcome",
+    "OutcomeStatus",
     "PidFile",
     "RankLeft",
+    "RootCause",
     "StartMarker",
     "WorldSpec",
-    "cell_output_log",
-    "cell_output_logs",
-    "marker_name",
-    "parse_marker_name",
     "read_typed",
-    "work_folder",
     "write_typed",
 ]
 
-MarkerKind = Literal["start", "done"]
 T = TypeVar("T")
+#: What a rank says of a cell it ran: it passed there, or it did not.
+OutcomeStatus = Literal["ok", "error"]
+OK: Final = "ok"
+ERROR: Final = "error"
 
 
 class _Json:
@@ -160,6 +154,9 @@ class WorldSpec(_Json):
     #: state): the pytest front's in-rank session (:mod:`cpmatrix.pytest_front.rank`).
     #: Empty: none.
     prepare: str = ""
+    #: ``--profile``: each rank prints a ``PROFILE`` line per cell into its log (the
+    #: cell's environment, isolation checks, barrier, group check and setup times).
+    profile: bool = False
 
     def ranks_of(self, index: int) -> tuple[int, ...]:
         """The world ranks cell ``index`` runs on; its rank ``r`` is ``ranks_of(i)[r]``.
@@ -211,7 +208,7 @@ class Outcome(_Json):
     rank: int
     id: str
     run: str
-    status: Literal["ok", "error"]
+    status: OutcomeStatus
     exc_type: str = ""
     message: str = ""
     traceback: str = ""
@@ -235,7 +232,7 @@ class Outcome(_Json):
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OK
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,23 +256,33 @@ class RankLeft(_Json):
     run: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RootCause(_Json):
+    """The fork launcher's first observed failure: the world rank that ended first with a
+    non-zero status (``WorldFolder.root_cause``).
+
+    Written once, before the launcher kills the other ranks; the supervisor reads it to
+    name the rank that died (torchrun's own launcher prints a text block instead, which
+    the supervisor parses for that launcher only). The world folder is fresh per launch,
+    so the file needs no run id.
+
+    >>> RootCause.from_json(RootCause(rank=1, exitcode=-9, pid=42, time=0.0).to_json())
+    RootCause(rank=1, exitcode=-9, pid=42, time=0.0)
+    """
+
+    #: The world rank.
+    rank: int
+    #: Its exit code, or minus the signal that killed it (torchrun's convention).
+    exitcode: int
+    pid: int
+    #: When the launcher saw it end (seconds since the epoch).
+    time: float
+
+
 _NESTED: dict[tuple[str, str], type[_Json]] = {
     ("WorldSpec", "cells"): CellSpec,
     ("CompileJob", "cells"): CellSpec,
 }
-
-
-def marker_name(index: int, rank: int, kind: MarkerKind) -> str:
-    return f"{index}.r{rank}.{kind}"
-
-
-def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
-    """``(index, rank, kind)`` of a marker file name; None for any other file."""
-    stem, _, kind = name.rpartition(".")
-    index, sep, rank = stem.partition(".r")
-    if kind not in ("start", "done") or not sep or not index.isdigit() or not rank.isdigit():
-        return None
-    return int(index), int(rank), kind  # type: ignore[return-value]
 
 
 def write_typed(path: str | os.PathLike[str], value: _Json) -> None:
