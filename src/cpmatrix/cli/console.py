@@ -10,8 +10,7 @@ import sys
 from typing import Any, TextIO
 
 from cpmatrix.result import Result, Status
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.session import RunReport
+from cpmatrix.run.pipeline import Entry, RunReport
 
 __all__ = ["Progress", "format_summary"]
 

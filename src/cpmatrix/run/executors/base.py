@@ -58,6 +58,11 @@ class Job(Protocol):
     def start(self) -> None:
         """Launch; an OS error fails the job's cells, never the run."""
 
+    def queued(self) -> None:
+        """Told by a wrapper whose scheduler still holds the job in its queue (a Slurm
+        job PENDING): queue time is not start-up time, so the job's start-up clock
+        starts again from now."""
+
     def poll(self) -> list[tuple[Entry, Result]]:
         """Advance without blocking; the results completed since the last call."""
 

@@ -171,6 +171,9 @@ class CompileRun:
         self.child.kill()
         self.finished = True
 
+    def queued(self) -> None:
+        """A compile has no start-up clock to hold back."""
+
     def launcher_tail(self) -> str:
         return tail_lines(self.dir / "spill.log")
 

@@ -140,7 +140,6 @@ class WorldRun:
         """What the ranks get of ``entry`` (a subclass may add to its params)."""
         return cell_spec(entry)
 
-    # ----------------------------------------------------------------- launch
     def start(self) -> None:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
         ctx = self.context
@@ -355,7 +354,6 @@ class WorldRun:
             return True
         return False
 
-    # ---------------------------------------------------------------- faults
     def _host_pids(self) -> dict[int, int]:
         """Rank pids, only when they are pids in *our* namespace.
 
@@ -482,6 +480,9 @@ class WorldRun:
                 message=reason or "a rank died; the world was torn down")
         self._report(i, result)
         self._hand_back()
+
+    def queued(self) -> None:
+        self.started_at = time.monotonic()
 
     def kill(self) -> None:
         """Stop the world now (the run was interrupted)."""
