@@ -40,12 +40,7 @@ from cpmatrix.run.schedulers import Scheduler, scheduler_for
 from cpmatrix.run.session import JobPool, Known, Watch, run_cells
 from cpmatrix.run.settings import PlanSettings
 from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec, prepare_run
-from cpmatrix.run.sharding import (
-    recorded_durations,
-    recorded_history,
-    take_shard,
-    write_empty_report,
-)
+from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
 from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
 __all__ = ["Chosen", "Entry", "Hooks", "ReproHooks", "Reproduced", "RunReport", "execute",
@@ -110,31 +105,34 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
         if not chosen.cells:
             hooks.warn(chosen.nothing)
             return ExitCode.NOTHING_SELECTED
-        narrowed = _narrow(options, chosen, out, claim, hooks)
+        recorded = Recorded(options, out)
+        narrowed = _narrow(options, chosen, recorded, claim, hooks)
         if isinstance(narrowed, int):
             return narrowed
         remote_settings(options, chosen.matrix)  # a bad remote_cache: is exit 2, --dry-run too
         if claim is None:
             return plan_only(narrowed.cells, {p.name: p for p in chosen.matrix.platforms},
-                             options, hooks, order=narrowed.order, scheduler=scheduler)
+                             options, hooks, order=narrowed.order, scheduler=scheduler,
+                             recorded=recorded)
         prepared = prepare_run(options, chosen.matrix, narrowed.cells, claim,
                                keys=narrowed.keys, selection=narrowed.selection,
                                order=str(narrowed.order or ""), scheduler=scheduler)
-        report, stopped = _run_prepared(options, prepared, scheduler, hooks)
+        report, stopped = _run_prepared(options, prepared, scheduler, recorded, hooks)
     finally:
         if claim is not None:
             claim.release()
     return _exit_code(report, stopped, prepared, hooks)
 
 
-def _narrow(options: RunOptions, chosen: Chosen, out: Path, claim: OutClaim | None,
+def _narrow(options: RunOptions, chosen: Chosen, recorded: Recorded, claim: OutClaim | None,
             hooks: Hooks) -> _Narrowed | int:
     """``--shard``'s part of the selection (its manifest written), in ``--order``; an
     exit code when the shard is empty."""
     cells = selection = chosen.cells
     keys = ActionKeys(search_path=chosen.matrix.pythonpath)
     if options.shard is not None:
-        cells, manifest = take_shard(cells, options.shard, recorded_durations(options, out))
+        out = recorded.out
+        cells, manifest = take_shard(cells, options.shard, recorded.durations())
         hooks.say(f"shard {manifest.shard}/{manifest.of}: {len(manifest.cells)} of "
                   f"{len(manifest.all_cells)} cells")
         if claim is not None:
@@ -154,7 +152,7 @@ def _narrow(options: RunOptions, chosen: Chosen, out: Path, claim: OutClaim | No
 
 
 def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Scheduler,
-                  hooks: Hooks) -> tuple[RunReport, int | None]:
+                  recorded: Recorded, hooks: Hooks) -> tuple[RunReport, int | None]:
     """Pack, schedule and run the prepared cells; report.html, the cache's uploads and the
     summary after. (The report, and the signal that stopped the run.)"""
     out = Path(options.out).resolve()
@@ -168,7 +166,7 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
     hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
     scheduling = scheduler.schedule(replace(prepared.context, pack=pack), prepared.cells,
                                     devices=prepared.devices,
-                                    durations=lambda: recorded_durations(options, out))
+                                    durations=recorded.durations)
     if scheduling.note:
         hooks.say(scheduling.note)
     if options.runs_per_test > 1:
@@ -179,7 +177,7 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
                    worlds=scheduling.worlds, wrap_job=scheduling.wrap_job)
     known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
                   skipped=prepared.skipped,
-                  recorded=recorded_history(options) if options.durations else None)
+                  recorded=recorded.history())
     with stop_on_signals() as stopper:
         try:
             report = run_cells(prepared.cells, prepared.platforms, scheduling.context,
@@ -245,12 +243,12 @@ def _nothing_fits(skipped: int, gpus: int) -> str:
 
 
 def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: RunOptions,
-              hooks: Hooks, *, order: Order | None, scheduler: Scheduler) -> int:
+              hooks: Hooks, *, order: Order | None, scheduler: Scheduler,
+              recorded: Recorded) -> int:
     """``--dry-run``: print the plan each executor makes (the busiest first); run nothing."""
-    out = Path(options.out).resolve()
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
     # With --order the worlds are planned without recorded durations (as a real run).
-    durations = recorded_durations(options, out) if order is None else {}
+    durations = recorded.durations() if order is None else {}
     slots = scheduler.worlds(fits, lambda: durations)
     pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
     runs = options.runs_per_test  # each run is an entry of the plan, as in a real run

@@ -46,7 +46,7 @@ from cpmatrix.report.history import (
     merge_histories,
     with_runs,
 )
-from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
+from cpmatrix.report.junit import write_run_junit
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -168,13 +168,18 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     stopped_by, internal = _drive(session, watch.stopper)
     ordered = {e.key: session.results[e.key] for e in session.planned}
     # Every run, before its cell's runs are combined: the history is the runs'.
-    history = with_runs(history, ordered.values(), at=time.time())
+    runs_history = history_json(with_runs(history, ordered.values(), at=time.time()))
     if plan.runs > 1:
         ordered, session.by_batch = combine_entries(session.planned, ordered,
                                                      session.by_batch)
-    report = _write_report(out, context, session.by_batch, ordered,
-                           {c.id: c for c in (*cells, *(c for c, _ in known.skipped))})
-    atomic_write_json(out / "durations.json", history_json(history))
+    report = out / "report.xml"
+    write_run_junit(out / "worlds",
+                    {b: [ordered[k] for k in keys] for b, keys in session.by_batch.items()},
+                    {c.id: c for c in (*cells, *(c for c, _ in known.skipped))}, report,
+                    run_id=context.run_id,
+                    properties={"cpmatrix.order": context.order} if context.order else None)
+    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
+    atomic_write_json(out / "durations.json", runs_history)
     if internal is not None:
         raise internal
     return RunReport(
@@ -235,21 +240,6 @@ def _drive(session: _Session, stopper: Stopper | None
             set_child_subreaper(False)
     session.close_unfinished(stopped_by, internal)
     return stopped_by, internal
-
-
-def _write_report(out: Path, context: RunContext, by_batch: Mapping[str, list[str]],
-                  ordered: Mapping[str, Result], cell_index: Mapping[str, Cell]) -> Path:
-    """Each batch's junit file, merged into report.xml; results.json."""
-    world_files = []
-    for batch, keys in by_batch.items():
-        path = out / "worlds" / f"{batch}.junit.xml"
-        write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
-        world_files.append(path)
-    report = out / "report.xml"
-    merge_junit(world_files, report, run_id=context.run_id,
-                properties={"cpmatrix.order": context.order} if context.order else None)
-    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
-    return report
 
 
 class _Session:
