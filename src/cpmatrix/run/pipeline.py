@@ -253,9 +253,7 @@ def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: Run
     pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
     runs = options.runs_per_test  # each run is an entry of the plan, as in a real run
     plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex for _ in range(runs)],
-                          durations=durations, batch_size=options.batch_size,
-                          keep_order=options.keep_order, mutants=None, worlds=slots,
-                          pack=pack))
+                          options.planning, durations=durations, worlds=slots, pack=pack))
              for ex in reversed(EXECUTORS)]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     times = f" x {runs} runs" if runs > 1 else ""

@@ -198,8 +198,7 @@ def _plan_session(session: _Session, cells: Sequence[Cell], plan: PlanSettings,
     run_numbers: dict[str, int] = {}
     for executor in EXECUTORS:
         mine = [c for c in todo if executor_for(c.kind) is executor for _ in range(plan.runs)]
-        for b in executor.plan(mine, durations=session.context.durations,
-                               batch_size=plan.batch_size, keep_order=plan.keep_order,
+        for b in executor.plan(mine, plan, durations=session.context.durations,
                                worlds=pool.jobs if pool.worlds is None else pool.worlds,
                                pack=session.context.pack,
                                mutants=mutants if executor.supports_mutants else None):
