@@ -28,7 +28,7 @@ from cpmatrix.cli.common import DEFAULT_MATRIX, load_and_expand
 from cpmatrix.cli.console import format_summary
 from cpmatrix.errors import ExitCode
 from cpmatrix.run.options import RunOptions, add_run_arguments
-from cpmatrix.run.pipeline import reproduce
+from cpmatrix.run.pipeline import check_options, reproduce
 
 __all__ = ["LogStreamer", "add_parsers", "run"]
 
@@ -101,6 +101,7 @@ class LogStreamer(threading.Thread):
 def run(args: argparse.Namespace) -> int:
     """The same setup as ``cpmatrix run`` (runner, interpreter, devices), for one cell."""
     options = RunOptions.from_namespace(args)
+    check_options(options)
     matrix, expansion = load_and_expand(args.matrix)
     cell = next((c for c in expansion.cells if c.id == args.cell_id), None)
     if cell is None:

@@ -43,8 +43,8 @@ from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec, prepare_run
 from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
 from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
-__all__ = ["Chosen", "Entry", "Hooks", "ReproHooks", "Reproduced", "RunReport", "execute",
-           "execute_cells", "plan_only", "reproduce", "write_report_html"]
+__all__ = ["Chosen", "Entry", "Hooks", "ReproHooks", "Reproduced", "RunReport", "check_options",
+           "execute", "execute_cells", "plan_only", "reproduce", "write_report_html"]
 
 
 class Hooks(Protocol):
@@ -278,6 +278,13 @@ def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: Run
     return ExitCode.OK
 
 
+def check_options(options: RunOptions) -> None:
+    """Refuse (:class:`UsageError`) options no scheduler takes (Slurm's flags without
+    Slurm): a front that runs on this host whatever ``--scheduler`` says checks them as
+    a run does, before it reads anything."""
+    scheduler_for(options)
+
+
 @dataclass(frozen=True)
 class Reproduced:
     """A one-cell run: its report (None when the cell cannot run here) and exit code."""
@@ -301,7 +308,7 @@ def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
               hooks: ReproHooks) -> Reproduced:
     """Rerun exactly ``cell`` (with ``mutant``: then once with it switched on), with the
     setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never cached."""
-    scheduler_for(options)  # the flags are checked as for a run; the cell runs here
+    check_options(options)
     out = Path(options.out).resolve()
     claim = claim_out(out)
     try:
