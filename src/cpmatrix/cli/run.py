@@ -9,18 +9,14 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from functools import partial
-from pathlib import Path
 
 from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
-from cpmatrix.cli.console import Progress, format_summary
-from cpmatrix.result import Result
+from cpmatrix.cli.console import Console
 from cpmatrix.run.options import RunOptions, add_run_arguments
-from cpmatrix.run.pipeline import Chosen, Entry, RunReport, execute
+from cpmatrix.run.pipeline import Chosen, execute
 
-__all__ = ["Console", "add_parsers", "run"]
+__all__ = ["add_parsers", "run"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,28 +44,3 @@ def _choose(args: argparse.Namespace) -> Chosen:
         cells = [c for c in cells if c.kind == args.only_kind]
     return Chosen(matrix=matrix, cells=cells,
                   nothing=nothing_selected(args, len(expansion.cells)) if not cells else "")
-
-
-class Console:
-    """The pipeline's lines on stdout and stderr, progress, the summary."""
-
-    def __init__(self, *, plain: bool) -> None:
-        self.progress = Progress(force_plain=plain)
-
-    def say(self, line: str) -> None:
-        print(line, flush=True)
-
-    def warn(self, line: str) -> None:
-        print(line, file=sys.stderr)
-
-    def start(self, total: int) -> None:
-        self.progress.start(total)
-
-    def result(self, entry: Entry, result: Result) -> None:
-        self.progress.update(entry, result)
-
-    def done(self) -> None:
-        self.progress.stop()
-
-    def summary(self, report: RunReport, out: Path) -> None:
-        print(format_summary(report, os.path.relpath(out)))
