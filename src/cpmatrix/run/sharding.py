@@ -26,7 +26,33 @@ from cpmatrix.report.merge import ShardManifest, selection_digest
 from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
 
-__all__ = ["recorded_durations", "recorded_history", "take_shard", "write_empty_report"]
+__all__ = ["Recorded", "recorded_durations", "recorded_history", "take_shard",
+           "write_empty_report"]
+
+
+class Recorded:
+    """A run's recorded durations and histories, each read once, when first needed (the
+    shard, the Slurm split and the session ask for them; most runs need neither).
+
+    >>> from cpmatrix.run.options import RunOptions
+    >>> Recorded(RunOptions(), Path("no/such/out")).durations()
+    {}
+    """
+
+    def __init__(self, options: RunOptions, out: Path) -> None:
+        self.options = options
+        self.out = out
+        self._durations: dict[str, float] | None = None
+
+    def durations(self) -> dict[str, float]:
+        """See :func:`recorded_durations`."""
+        if self._durations is None:
+            self._durations = recorded_durations(self.options, self.out)
+        return self._durations
+
+    def history(self) -> dict[str, CellHistory] | None:
+        """``--durations FILE``'s histories, None without the flag."""
+        return recorded_history(self.options) if self.options.durations else None
 
 
 def recorded_durations(options: RunOptions, out: Path) -> dict[str, float]:

@@ -36,6 +36,7 @@ from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import Batch, expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
+from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["CompileExecutor", "CompileRun"]
 
@@ -174,6 +175,9 @@ class CompileRun:
         self.child.kill()
         self.finished = True
 
+    def queued(self) -> None:
+        """A compile has no start-up clock to hold back."""
+
     def launcher_tail(self) -> str:
         return tail_lines(self.folder.log)
 
@@ -190,10 +194,9 @@ class CompileExecutor:
     retries_crashes = False
     supports_mutants = False
 
-    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
-             batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
-             pack: PackSpec | None = None) -> list[Batch]:
+    def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
+             durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
+             mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
         # one compile job: its cells are seconds each, cached by digest
         if not cells:
             return []

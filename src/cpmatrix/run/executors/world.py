@@ -138,7 +138,6 @@ class WorldRun:
         """What the ranks get of ``entry`` (a subclass may add to its params)."""
         return cell_spec(entry)
 
-    # ----------------------------------------------------------------- launch
     def start(self) -> None:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
         ctx, folder = self.context, self.folder
@@ -238,7 +237,7 @@ class WorldRun:
                 # All cells are in; the ranks are tearing down. Give them a moment.
                 if self._done_at is None:
                     self._done_at = now
-                if now - self._done_at > self.context.teardown_grace_s:
+                if now - self._done_at > self.context.timings.teardown_grace_s:
                     self.child.kill(list(self._host_pids().values()))
                     self.finished = True
             else:
@@ -248,7 +247,7 @@ class WorldRun:
         if rc is not None:
             self._on_world_exit()
         elif self._dead and now - min(t for t, _ in self._dead.values()) > \
-                self.context.dead_rank_grace_s:
+                self.context.timings.dead_rank_grace_s:
             # A rank died and torchrun has not torn the rest down yet: do it ourselves.
             self.child.kill(list(self._host_pids().values()))
             self._on_world_exit()
@@ -316,10 +315,10 @@ class WorldRun:
         flying = self._in_flight()
         ctx = self.context
         if not flying:
-            if not self.progress.starts and now - self.started_at > ctx.startup_timeout_s:
+            if not self.progress.starts and now - self.started_at > ctx.timings.startup_timeout_s:
                 self.child.kill(list(self._host_pids().values()))
                 self._on_world_exit(reason="the world did not start within "
-                                    f"{ctx.startup_timeout_s:.0f} s")
+                                    f"{ctx.timings.startup_timeout_s:.0f} s")
             return
         for i in flying:
             if self._check_cell(i, now):
@@ -335,7 +334,7 @@ class WorldRun:
                         f"cell ran past its timeout of {entry.cell.timeout_s} s")
             return True
         err_at = self._first_error_at.get(i)
-        if err_at is not None and now - err_at > ctx.abort_grace_s:
+        if err_at is not None and now - err_at > ctx.timings.abort_grace_s:
             errors = [o for o in self._outcomes(i).values() if o is not None and not o.ok]
             if all(COLLATERAL.search(o.message) for o in errors) and (
                     self._dead or not ctx.runner.shares_pid_namespace):
@@ -351,7 +350,6 @@ class WorldRun:
             return True
         return False
 
-    # ---------------------------------------------------------------- faults
     def _host_pids(self) -> dict[int, int]:
         """Rank pids, only when they are pids in *our* namespace.
 
@@ -367,7 +365,7 @@ class WorldRun:
                 os.kill(pid, signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
                 pass
-        time.sleep(self.context.dump_wait_s)
+        time.sleep(self.context.timings.dump_wait_s)
 
     def _abort(self, i: int, kind: FailureKind, why: str) -> None:
         """Tear the world down because of cell ``i``; hand back every other unfinished
@@ -391,7 +389,7 @@ class WorldRun:
             result = result_from_outcomes(
                 entry, [o for o in outs.values() if o is not None], tails=self._tails(i),
                 extra_msg=f"rank(s) {', '.join(map(str, missing))} did not finish the cell "
-                f"within {self.context.abort_grace_s:.0f} s of the failure (waiting on the "
+                f"within {self.context.timings.abort_grace_s:.0f} s of the failure (waiting on the "
                 "failed rank); their stacks are in the cell folder")
         else:
             root = self.context.out_root
@@ -478,6 +476,9 @@ class WorldRun:
                 message=reason or "a rank died; the world was torn down")
         self._report(i, result)
         self._hand_back()
+
+    def queued(self) -> None:
+        self.started_at = time.monotonic()
 
     def kill(self) -> None:
         """Stop the world now (the run was interrupted)."""
