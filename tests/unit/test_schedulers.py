@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from cpmatrix.errors import UsageError
+from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.result import Result
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.options import RunOptions
+from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.schedulers import HostScheduler, SlurmScheduler, scheduler_for
 from cpmatrix.run.settings import FaultTimings, SlurmSettings
@@ -59,6 +61,10 @@ class _FakeJob:
     """A Job that never finishes on its own and counts the wrapper's queued() calls."""
 
     name: str = "003-cpu-w1-b0.a1"
+    token: str = "r1/003-cpu-w1-b0.a1"
+    #: The runner its launch goes through (None: one that never reaches Slurm, a compile
+    #: job on this host).
+    runner: Runner | None = None
     entries: list[Entry] = field(default_factory=list)
     devices: tuple[int, ...] = ()
     finished: bool = False
@@ -69,7 +75,9 @@ class _FakeJob:
     queued_calls: int = 0
 
     def start(self) -> None:
-        pass
+        if self.runner is not None and not self.start_failed:  # as WorldRun's Child does
+            self.runner.command(Launch(argv=("true",), env={WORLD_TOKEN: self.token},
+                                       cwd=".", name=self.name))
 
     def queued(self) -> None:
         self.queued_calls += 1
@@ -88,8 +96,8 @@ def test_a_pending_slurm_job_holds_its_worlds_clock_and_is_named_by_its_schedule
     runner = SlurmRunner(LocalRunner(), SlurmSettings())
     states = {"cpmatrix-r1-003-cpu-w1-b0.a1": JobState("7", "PENDING", "Priority")}
     runner.state = lambda name, fresh=False: states.get(name)  # type: ignore[method-assign]
-    inner = _FakeJob()
-    job = SlurmJob(inner, runner, job_name_of(f"r1/{inner.name}"))
+    inner = _FakeJob(runner=runner)
+    job = SlurmJob(inner, runner, job_name_of(inner.token))
     job.start()
     assert job.slurm_name == "cpmatrix-r1-003-cpu-w1-b0.a1"
     assert job.slurm_name in runner.watching
@@ -104,6 +112,16 @@ def test_a_pending_slurm_job_holds_its_worlds_clock_and_is_named_by_its_schedule
 
 def test_a_job_that_never_started_is_not_watched() -> None:
     runner = SlurmRunner(LocalRunner(), SlurmSettings())
-    job = SlurmJob(_FakeJob(start_failed=True), runner, "cpmatrix-x")
+    job = SlurmJob(_FakeJob(start_failed=True, runner=runner), runner, "cpmatrix-x")
     job.start()
     assert job.slurm_name == "" and not runner.watching
+
+
+def test_a_job_that_runs_here_is_not_watched() -> None:
+    """A compile job runs on this host (its own LocalRunner): Slurm never hears its name,
+    so it is never asked about (nor cancelled) as if it were a Slurm job."""
+    runner = SlurmRunner(LocalRunner(), SlurmSettings())
+    inner = _FakeJob(token="r1/spill-0")
+    job = SlurmJob(inner, runner, job_name_of(inner.token))
+    job.start()
+    assert job.slurm_name == "" and not runner.watching and not runner.submitted

@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -172,10 +171,9 @@ class SlurmScheduler:
     def schedule(self, context: RunContext, cells: Sequence[Cell], *, devices: int,
                  durations: Callable[[], Mapping[str, float]]) -> Scheduling:
         runner = SlurmRunner(context.runner, self.settings)
-        token = context.run_id or str(os.getpid())  # as the world's token is made
-
         def wrap(job: Job) -> Job:
-            return SlurmJob(job, runner, job_name_of(f"{token}/{job.name}"))
+            # The name SlurmRunner submits the job's launch under (from the same token).
+            return SlurmJob(job, runner, job_name_of(job.token))
 
         jobs, pool = self.pool(devices)
         out = Path(self.options.out).resolve()

@@ -49,7 +49,7 @@ from cpmatrix.run.plan import Batch, expected_s, slot_plan
 from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.run.settings import SlurmSettings
 
-__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
+__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner",
            "job_name_of", "parse_states", "query_states", "slurm_missing", "slurm_plan",
            "slurm_worlds"]
 
@@ -291,6 +291,10 @@ class SlurmJob:
     def start_error(self) -> str:
         return self.inner.start_error
 
+    @property
+    def token(self) -> str:
+        return self.inner.token
+
     def launcher_tail(self) -> str:
         return self.inner.launcher_tail()
 
@@ -299,7 +303,9 @@ class SlurmJob:
 
     def start(self) -> None:
         self.inner.start()
-        if not self.inner.start_failed:  # submitted: from here on Slurm knows the name
+        # Slurm knows the name once the launch was submitted under it (a job that failed
+        # before srun, or one that runs here, such as a compile job, never was).
+        if self._name_given in self.runner.submitted:
             self.slurm_name = self._name_given
             self.runner.watching.add(self.slurm_name)
         self.submitted_at = time.monotonic()

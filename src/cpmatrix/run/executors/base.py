@@ -36,6 +36,10 @@ class Job(Protocol):
     @property
     def name(self) -> str: ...
     @property
+    def token(self) -> str:
+        """``<run id>/<job>``: in every process it starts (their leftovers are found by
+        it) and the name a wrapping scheduler submits it under."""
+    @property
     def entries(self) -> list[Entry]: ...
     @property
     def devices(self) -> tuple[int, ...]:

@@ -79,6 +79,10 @@ def _result(entry: Entry, done: Outcome) -> Result:
 class CompileRun:
     """One compile subprocess over ``entries``; poll it until ``finished``."""
 
+    @property
+    def token(self) -> str:
+        return self.child.token
+
     def __init__(self, name: str, entries: Sequence[Entry], context: RunContext) -> None:
         self.name = name
         self.entries = list(entries)
