@@ -143,14 +143,17 @@ def test_store_words_parse_back_and_garbage_is_never_go_or_ok() -> None:
 def test_a_root_cause_is_read_typed_for_fork_and_parsed_from_text_for_torchrun(
         tmp_path: Path) -> None:
     folder = WorldFolder(tmp_path)
-    assert launcher_root_cause("fork", folder) is None
-    write_typed(folder.root_cause, RootCause(rank=2, exitcode=-9, pid=7, time=0.0))
-    assert launcher_root_cause("fork", folder) == (2, "killed by signal SIGKILL")
+    assert launcher_root_cause("fork", folder, "r1") is None
+    # An earlier run's launcher (world names repeat from run to run) names no culprit.
+    write_typed(folder.root_cause, RootCause(run="r0", rank=3, exitcode=1, pid=6, time=0.0))
+    assert launcher_root_cause("fork", folder, "r1") is None
+    write_typed(folder.root_cause, RootCause(run="r1", rank=2, exitcode=-9, pid=7, time=0.0))
+    assert launcher_root_cause("fork", folder, "r1") == (2, "killed by signal SIGKILL")
     # torchrun's own text block is its format: read for that launcher only.
     folder.launcher_log.write_text("Root Cause (first observed failure):\n[0]:\n"
                                    "  rank      : 1 (local_rank: 1)\n  exitcode  : 7\n")
-    assert launcher_root_cause("torchrun", folder) == (1, "exited with code 7")
-    assert launcher_root_cause("fork", folder) == (2, "killed by signal SIGKILL")
+    assert launcher_root_cause("torchrun", folder, "r1") == (1, "exited with code 7")
+    assert launcher_root_cause("fork", folder, "r1") == (2, "killed by signal SIGKILL")
 
 
 def test_strays_are_listed_by_pid_for_their_cell_and_rank_only(tmp_path: Path) -> None:

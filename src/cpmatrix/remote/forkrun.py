@@ -58,6 +58,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--master-port", type=int, required=True)
     ap.add_argument("--root-cause-file", default="",
                     help="where to write the first failing rank (a RootCause)")
+    ap.add_argument("--run-id", default="", help="the run the RootCause belongs to")
     ap.add_argument("-m", dest="module", required=True)
     ap.add_argument("args", nargs=argparse.REMAINDER)
     return ap.parse_args(argv)
@@ -107,9 +108,9 @@ def _child(rank: int, args: argparse.Namespace, target: Any) -> None:
             os._exit(code)
 
 
-def _root_cause(rank: int, pid: int, status: int) -> RootCause:
+def _root_cause(run: str, rank: int, pid: int, status: int) -> RootCause:
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return RootCause(rank=rank, exitcode=code, pid=pid, time=time.time())
+    return RootCause(run=run, rank=rank, exitcode=code, pid=pid, time=time.time())
 
 
 def _root_cause_text(cause: RootCause) -> str:
@@ -193,7 +194,7 @@ def _supervise(pids: dict[int, int], args: argparse.Namespace) -> int:
             continue
         if status != 0 and not failed and not stopping:
             failed = 1
-            cause = _root_cause(rank, pid, status)
+            cause = _root_cause(args.run_id, rank, pid, status)
             if args.root_cause_file:  # before the kill: the supervisor may read it at once
                 # Evidence only: without it the supervisor names the rank by its pid.
                 with contextlib.suppress(OSError):

@@ -263,13 +263,17 @@ class RootCause(_Json):
 
     Written once, before the launcher kills the other ranks; the supervisor reads it to
     name the rank that died (torchrun's own launcher prints a text block instead, which
-    the supervisor parses for that launcher only). The world folder is fresh per launch,
-    so the file needs no run id.
+    the supervisor parses for that launcher only). It carries the run's id, as every file
+    a rank or launcher writes does: world names repeat from run to run, and a straggling
+    launcher of an earlier run sharing ``--out`` must not name this run's culprit.
 
-    >>> RootCause.from_json(RootCause(rank=1, exitcode=-9, pid=42, time=0.0).to_json())
-    RootCause(rank=1, exitcode=-9, pid=42, time=0.0)
+    >>> RootCause.from_json(RootCause(run="r1", rank=1, exitcode=-9, pid=42, time=0.0)
+    ...                     .to_json())
+    RootCause(run='r1', rank=1, exitcode=-9, pid=42, time=0.0)
     """
 
+    #: The run the launcher's world belongs to.
+    run: str
     #: The world rank.
     rank: int
     #: Its exit code, or minus the signal that killed it (torchrun's convention).

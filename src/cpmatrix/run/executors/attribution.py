@@ -82,12 +82,14 @@ def torchrun_root_cause(log_text: str) -> tuple[int, str] | None:
     return int(m.group(1)), exit_words(int(m.group(2)))
 
 
-def launcher_root_cause(launcher: str, folder: WorldFolder) -> tuple[int, str] | None:
-    """The world rank that failed first and how, as the world's launcher names it; None
-    when it named none (then the supervisor goes by the rank pids it watched)."""
+def launcher_root_cause(launcher: str, folder: WorldFolder, run: str,
+                        ) -> tuple[int, str] | None:
+    """The world rank that failed first and how, as the world's launcher of run ``run``
+    names it; None when it named none, or the record is another run's (then the
+    supervisor goes by the rank pids it watched)."""
     if launcher == "torchrun":
         return torchrun_root_cause(read_segment(folder.launcher_log, cap=_WHOLE))
-    record = read_typed(folder.root_cause, RootCause)
+    record = read_typed(folder.root_cause, RootCause, run=run)
     return None if record is None else (record.rank, exit_words(record.exitcode))
 
 

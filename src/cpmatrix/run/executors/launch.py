@@ -60,12 +60,14 @@ def free_port() -> int:
 
 
 def launcher_argv(launcher: str, python: str, ranks: int, port: int,
-                  world_file: str, root_cause_file: str = "") -> tuple[str, ...]:
+                  world_file: str, root_cause_file: str = "", run_id: str = "",
+                  ) -> tuple[str, ...]:
     """The command that starts a world's ranks, each running ``world_main``.
 
     ``fork``: :mod:`cpmatrix.remote.forkrun` imports torch once and forks the ranks
     (a 4-rank world starts several times faster on CPU; docs/worlds.md has the numbers);
-    it writes the first failing rank to ``root_cause_file`` (``WorldFolder.root_cause``).
+    it writes the first failing rank to ``root_cause_file`` (``WorldFolder.root_cause``),
+    as run ``run_id``'s.
     ``torchrun``: ``torch.distributed.run``, each rank a fresh interpreter.
 
     >>> launcher_argv("fork", "py", 2, 9, "w.json")[:3]
@@ -73,7 +75,8 @@ def launcher_argv(launcher: str, python: str, ranks: int, port: int,
     """
     common = (f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1", f"--master-port={port}")
     if launcher == "fork":
-        record = (f"--root-cause-file={root_cause_file}",) if root_cause_file else ()
+        record = (f"--root-cause-file={root_cause_file}",
+                  f"--run-id={run_id}") if root_cause_file else ()
         return (python, "-m", "cpmatrix.remote.forkrun", *common, *record,
                 "-m", "cpmatrix.remote.world_main", world_file)
     return (python, "-m", "torch.distributed.run", "--nnodes=1", *common,

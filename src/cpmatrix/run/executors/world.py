@@ -166,7 +166,8 @@ class WorldRun:
                 extra["CUDA_VISIBLE_DEVICES"] = physical_devices(self.devices, ctx.source_env)
             env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
             argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
-                                 str(folder.world_file), str(folder.root_cause))
+                                 str(folder.world_file), str(folder.root_cause),
+                                 run_id=ctx.run_id)
             launch = Launch(
                 argv=argv, env=env, cwd=str(folder.path), writable=(str(ctx.out_root),),
                 readonly=tuple(dict.fromkeys((*ctx.readonly, *ctx.pythonpath))),
@@ -176,19 +177,14 @@ class WorldRun:
             cmd = self.child.start(launch, folder.launcher_log)
             atomic_write_json(folder.command_file, {"argv": cmd, "env": launch.env})
         except OSError as exc:
-            self._fail_all(f"could not start the world: {type(exc).__name__}: {exc}")
+            # No cell started: the session retries the launch, then fails its cells
+            # with this message (a result reported here would never be polled).
+            self.start_failed = True
+            self.start_error = f"could not start the world: {type(exc).__name__}: {exc}"
+            self.remaining = list(self.entries)
+            self.finished = True
             return
         self.started_at = time.monotonic()
-
-    def _fail_all(self, message: str) -> None:
-        for i, entry in enumerate(self.entries):
-            if i not in self._reported:
-                self._report(i, Result(
-                    cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
-                    message=message, mutant=entry.mutant, attempts=entry.attempt,
-                    out_dir=entry.out_dir,
-                    stderr_tails={-1: tail_lines(self.folder.launcher_log)}))
-        self.finished = True
 
     def _report(self, i: int, result: Result) -> None:
         self._reported.add(i)
@@ -433,7 +429,7 @@ class WorldRun:
             return
         # The first rank that died (the launcher's root cause, else by pid; world ranks)
         # names the culprit: the cell it was running. Cells on other ranks rerun.
-        root = launcher_root_cause(self.context.launcher, self.folder)
+        root = launcher_root_cause(self.context.launcher, self.folder, self.context.run_id)
         first: dict[int, str] = {}
         if root is not None:
             first = {root[0]: root[1]}
