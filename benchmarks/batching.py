@@ -15,7 +15,7 @@ and its case's own time) it prints two overheads per mesh size:
 
 Neither is the start-to-start gap between two warm cells that this script printed before
 issue 23 (read from a world's internal progress files, which cells sharing a world's ranks
-no longer write alike); ``CPMATRIX_PROFILE`` (docs/figures.md) breaks the between-cells
+no longer write alike); ``cpmatrix run --profile`` (docs/figures.md) breaks the between-cells
 part down. ``--smoke``: one cell per mesh.
 """
 

@@ -76,7 +76,9 @@ class LogStreamer(threading.Thread):
             except (OSError, ValueError, KeyError):
                 continue
             print(f"$ {shlex.join(argv)}", file=self.stream, flush=True)
-        for log in [log for w in worlds for log in w.logs()]:
+        # Every world's rank logs, then the launchers' (the order a pump has printed in).
+        for log in ([log for w in worlds for log in w.logs()[:-1]]
+                    + [w.launcher_log for w in worlds]):
             start = self.offsets.get(log, 0)
             try:
                 with open(log, "rb") as f:

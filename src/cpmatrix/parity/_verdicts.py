@@ -263,6 +263,7 @@ def finish(cell: Any, verdicts: Verdicts, tol: Tolerance, perturbed: list[str]) 
         extra["failed"] = failed
     emit(cell, verdicts.label, verdicts, tol, extra)
     raise_if_failed(verdicts.label, verdicts.problems)
-    checks = {c: "; ".join(lines) for c, lines in verdicts.lines.items()}
-    checks.update({c: f"skipped: {why}" for c, why in verdicts.skipped.items()})
+    # Plain strings for keys (a Check member would show as <Check.X: 'x'> in a repr).
+    checks = {str(c): "; ".join(lines) for c, lines in verdicts.lines.items()}
+    checks.update({str(c): f"skipped: {why}" for c, why in verdicts.skipped.items()})
     return ParityReport(verdicts.label, tol, tuple(verdicts.diffs), checks, tuple(perturbed))

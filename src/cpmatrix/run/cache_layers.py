@@ -50,8 +50,8 @@ from cpmatrix.layout import RunLayout, cell_output_log, cell_output_logs
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ResultCache
-from cpmatrix.run.options import RunOptions
 from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
+from cpmatrix.run.settings import CacheSettings
 
 __all__ = ["ENTRY_PATH", "CacheLayers", "remote_settings"]
 
@@ -67,7 +67,7 @@ _LOG_CAP = 1 << 16
 _NOTES_SHOWN = 5
 
 
-def remote_settings(options: RunOptions, matrix: Matrix) -> RemoteSettings | None:
+def remote_settings(options: CacheSettings, matrix: Matrix) -> RemoteSettings | None:
     """The run's remote cache: ``--remote-cache`` over the matrix's ``remote_cache:``;
     None with ``--no-cache``, ``--remote-cache ""`` or neither. UsageError / SpecError
     (exit 2, naming the flag or ``file:line:column``) for a bad URL."""

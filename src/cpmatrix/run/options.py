@@ -56,6 +56,8 @@ PACKINGS = choices(Packing)
 #: The sections' defaults, which the flags' defaults are (each defined once, there).
 _TIMINGS = FaultTimings()
 _SLURM = SlurmSettings()
+_PLAN = PlanSettings()
+_CACHE = CacheSettings()
 
 
 def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
@@ -69,7 +71,7 @@ class RunOptions:
     out: str = field(default="out", metadata=_flag(
         "--out", "output folder, claimed by one run at a time (default: %(default)s)",
         metavar="DIR"))
-    batch_size: int | None = field(default=None, metadata=_flag(
+    batch_size: int | None = field(default=_PLAN.batch_size, metadata=_flag(
         "--batch-size", "cells per world (default: one world per platform)",
         metavar="N", type=int))
     jobs: int = field(default=1, metadata=_flag(
@@ -97,7 +99,7 @@ class RunOptions:
     gpus: int | None = field(default=None, metadata=_flag(
         "--gpus", "cuda devices in the pool (default: all visible); cuda cells with more "
         "ranks are skipped", metavar="N", type=int))
-    keep_order: bool = field(default=False, metadata=_flag(
+    keep_order: bool = field(default=_PLAN.keep_order, metadata=_flag(
         "--keep-order",
         "run cells one at a time in matrix order (within each size) instead of "
         "longest-first", action="store_true"))
@@ -109,18 +111,18 @@ class RunOptions:
     python: str = field(default=sys.executable, metadata=_flag(
         "--python", "interpreter that launches the worlds (default: this one)",
         metavar="PATH"))
-    no_cache: bool = field(default=False, metadata=_flag(
+    no_cache: bool = field(default=_CACHE.no_cache, metadata=_flag(
         "--no-cache", "run every cell; do not reuse or store cached passes",
         action="store_true"))
-    cache_dir: str | None = field(default=None, metadata=_flag(
+    cache_dir: str | None = field(default=_CACHE.cache_dir, metadata=_flag(
         "--cache-dir", "result cache folder (default: $XDG_CACHE_HOME/cpmatrix)",
         metavar="DIR"))
-    remote_cache: str | None = field(default=None, metadata=_flag(
+    remote_cache: str | None = field(default=_CACHE.remote_cache, metadata=_flag(
         "--remote-cache", "a Bazel HTTP remote cache behind the local one (bazel-remote, "
         "nginx WebDAV): http(s)://host[:port][/prefix]; overrides the matrix's "
         "remote_cache:, \"\" turns it off; credentials from $CPMATRIX_REMOTE_CACHE_TOKEN "
         "or netrc, never the URL (docs/cache.md)", metavar="URL"))
-    remote_cache_read_only: bool = field(default=False, metadata=_flag(
+    remote_cache_read_only: bool = field(default=_CACHE.remote_cache_read_only, metadata=_flag(
         "--remote-cache-read-only", "read the remote cache, never write it (pull-request "
         "builds)", action="store_true"))
     plain: bool = field(default=False, metadata=_flag(
@@ -145,7 +147,7 @@ class RunOptions:
         "the cell's environment, isolation checks, barrier, group check and setup",
         action="store_true"))
 
-    runs_per_test: int = field(default=1, metadata=_flag(
+    runs_per_test: int = field(default=_PLAN.runs, metadata=_flag(
         "--runs-per-test", "run each selected cell N times (run numbers 1..N, each its own "
         "seed; run 1 keeps a plain run's): a cell whose runs disagree is FLAKY, one that "
         "fails them all fails; the result cache is off (default: %(default)s)",

@@ -110,7 +110,8 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
         narrowed = _narrow(options, chosen, recorded, claim, hooks)
         if isinstance(narrowed, int):
             return narrowed
-        remote_settings(options, chosen.matrix)  # a bad remote_cache: is exit 2, --dry-run too
+        # A bad remote_cache: is exit 2, --dry-run too.
+        remote_settings(options.caching, chosen.matrix)
         if claim is None:
             return plan_only(narrowed.cells, {p.name: p for p in chosen.matrix.platforms},
                              options, hooks, order=narrowed.order, scheduler=scheduler,
@@ -341,6 +342,7 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     """The pytest plugin's run of ``cells``: claim, prepare, pack, run (no report.html,
     no summary: pytest reports). A result being reported is reported whole: Ctrl-C
     meanwhile waits for it, then stops the run."""
+    check_options(options)  # before --out is claimed, as a run does
     claim = claim_out(Path(options.out).resolve())
     try:
         prepared = prepare_run(options, matrix, list(cells), claim)

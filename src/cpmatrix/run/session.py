@@ -27,7 +27,6 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.layout import RunLayout
@@ -58,7 +57,7 @@ from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant,
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.run.stopping import Stopper, StopRequested
 
-__all__ = ["JobPool", "Known", "RunReport", "Watch", "run_cells"]
+__all__ = ["JobPool", "Known", "Watch", "run_cells"]
 
 #: How often a job that never starts is launched again before its cells fail.
 START_RETRIES = 2

@@ -3,7 +3,9 @@
 :class:`~cpmatrix.run.options.RunOptions` is the command line (one field per flag); the
 run reads it through these sections (``options.timings``, ``options.slurm``,
 ``options.planning``, ``options.caching``), and :class:`~cpmatrix.run.context.RunContext`
-carries the same :class:`FaultTimings` to the jobs. A default lives here and nowhere else.
+carries the same :class:`FaultTimings` to the jobs. A section's defaults are its own:
+``RunOptions`` takes each flag's default from its section (``--jobs``, ``--launcher`` and
+the like, which belong to no section, keep theirs there).
 
 The choice options are ``Literal`` types; :func:`choices` gives their values for argparse
 and for the messages that refuse another.

@@ -188,7 +188,7 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
         if options.mutants else None
     cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
                                                mutants is not None, toolchain, keys, anchors,
-                                               remote_settings(options, matrix))
+                                               remote_settings(options.caching, matrix))
     atomic_write_json(RunLayout(out).run_info, {
         "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
         "runner": runner.name, "order": order or "planned",
