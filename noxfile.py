@@ -159,7 +159,7 @@ def compat(session: nox.Session, triton: str) -> None:
     # The spill measurement's and the kernels' own tests; the world test of
     # test_suite_kernels.py is left out: it runs a subset of the cells above.
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "tests/unit/test_spill.py", "tests/suite/test_suite_kernels.py", "--deselect",
+                "tests/e2e/test_spill.py", "tests/suite/test_suite_kernels.py", "--deselect",
                 "tests/suite/test_suite_kernels.py::"
                 "test_layer_norm_backward_cells_pass_on_real_worlds")
 

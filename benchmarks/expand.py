@@ -2,13 +2,14 @@
 
 Usage::
 
-    python benchmarks/expand.py [--targets 10] [--seq 20] [--repeat 3]
+    python benchmarks/expand.py [--targets 10] [--seq 20] [--repeat 3] [--smoke]
 
 Writes the matrix and a one-function case module to a temporary directory, then
 prints the cell count, the seconds taken and the cells per second for load+expand
 and for expand alone (best of ``--repeat`` runs, plus the first, cold run). The
 issue's budget is under 1 s on a 2-core machine; the script exits 1 when the
-best load+expand run is over ``--budget`` seconds.
+best load+expand run is over ``--budget`` seconds. ``--smoke`` times one small matrix
+once and checks neither the cell count nor the budget.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _bench import add_smoke
 
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
@@ -68,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--budget", type=float, default=1.0, help="seconds for load+expand")
+    add_smoke(ap)
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.targets, args.seq, args.repeat = 1, 2, 1
 
     with tempfile.TemporaryDirectory(prefix="cpmatrix-bench-") as tmp:
         path = write_matrix(Path(tmp), args.targets, args.seq)
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"matrix: {args.targets} targets, {cells} cells after exclude/include/constraints")
     print(line("load+expand", both))
     print(line("expand alone", alone))
+    if args.smoke:
+        return 0
     if cells < 10_000:
         print(f"too few cells ({cells} < 10000): raise --targets or --seq", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 """The cost of the result cache's observed set (``cpmatrix.remote.observe``, docs/cache.md):
 per cell in a rank, and per lookup.
 
-    python benchmarks/observe.py [--cells 200] [--cache-dir DIR]
+    python benchmarks/observe.py [--cells 200] [--cache-dir DIR --matrix FILE] [--smoke]
 
 (1) In this process, loaded as a rank of the reference suite is (torch, torch.distributed,
 DTensor, dynamo, the suite's case modules and the toolkit): the once-per-process work
@@ -10,24 +10,30 @@ and per cell ``start()`` + ``stop()`` around an empty cell and around a cell tha
 20 files, lists a folder and imports a module; and the audit hook's cost per event
 (``sys.audit`` with the hook installed, against a process without it).
 
-(2) With ``--cache-dir`` (a cache a run of the full matrix filled): every entry looked up
-as ``cpmatrix run`` does (one ``ReadHashes`` per run, so a file shared by many entries is
-hashed once), and the same again in a second "run": seconds and files hashed.
+(2) With ``--cache-dir`` (a cache a run of ``--matrix``, default the reference suite,
+filled): ``cpmatrix run`` of that matrix twice more against the cache, each looking every
+cell up (one ``ReadHashes`` per run, so a file shared by many entries is hashed once): the
+lookup's seconds and files hashed as the run reports them, and the run's wall time.
+
+``--smoke``: 3 cells in (1); for (2), without ``--cache-dir``, a cache that one cell of
+``benchmarks/batching.yaml`` fills.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _bench import HERE, ROOT, add_smoke, cpmatrix
+
 _EVENTS = 200_000
 _AUDIT_LOOP = (f"import sys, time\n{{hook}}\nt = time.perf_counter()\n"
                f"for _ in range({_EVENTS}): sys.audit('cpmatrix.bench')\n"
@@ -96,36 +102,51 @@ def per_cell(cells: int) -> None:
           f"({with_hook:.0f} vs {without:.0f} ns; ratio {with_hook / without:.2f})")
 
 
-def lookups(cache_dir: Path) -> None:
-    from cpmatrix.run.cache import ReadHashes, ResultCache
+#: The run's line about its lookup (cli output): "cache: 3 of 4 cells cached (looked up in
+#: 0.01 s, 26 files hashed)".
+_LOOKUP = re.compile(r"^cache: (\d+) of (\d+) cells cached.*\(looked up in ([\d.]+) s, "
+                     r"(\d+) files hashed\)", re.M)
 
-    entries = []
-    for path in sorted(cache_dir.glob("results/*/*.json")):
-        data = json.loads(path.read_text())
-        entries.append((data["key"], data["result"]["cell_id"], len(data["reads"])))
-    if not entries:
-        sys.exit(f"{cache_dir}: no entries (run the matrix with --cache-dir first)")
+
+def lookups(cache_dir: Path, matrix: Path) -> None:
     for run in (1, 2):
-        hashes = ReadHashes()
-        cache = ResultCache(cache_dir, hashes)
-        t0 = time.perf_counter()
-        hits = sum(cache.get(key, cell) is not None for key, cell, _ in entries)
-        took = time.perf_counter() - t0
-        paths = sum(n for _, _, n in entries)
-        print(f"lookup, run {run}: {hits}/{len(entries)} hits in {took:.3f} s "
-              f"({paths} paths in the entries, {hashes.hashed} files hashed, "
-              f"{took / len(entries) * 1000:.2f} ms per cell)")
+        with tempfile.TemporaryDirectory() as out:
+            wall, proc = cpmatrix("run", "--matrix", str(matrix), "--cache-dir", str(cache_dir),
+                                  "--out", out, "--plain", cwd=ROOT, codes=(0, 1))
+        found = _LOOKUP.search(proc.stdout)
+        if found is None:
+            sys.exit(f"no lookup line in cpmatrix run's output:\n{proc.stdout[-3000:]}")
+        hits, cells, took, hashed = found.groups()
+        if int(hits) == 0:
+            sys.exit(f"{cache_dir}: no hit for {matrix} (fill it with cpmatrix run "
+                     "--cache-dir first)")
+        print(f"lookup, run {run}: {hits}/{cells} hits in {took} s ({hashed} files hashed, "
+              f"{float(took) / int(cells) * 1000:.2f} ms per cell); the run {wall:.1f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", type=int, default=200)
     ap.add_argument("--cache-dir", type=Path)
+    ap.add_argument("--matrix", type=Path, default=ROOT / "matrix" / "parity.yaml",
+                    help="the matrix whose run filled --cache-dir")
+    add_smoke(ap)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    per_cell(args.cells)
+    per_cell(3 if args.smoke else args.cells)
     if args.cache_dir is not None:
-        lookups(args.cache_dir)
+        lookups(args.cache_dir, args.matrix)
+    elif args.smoke:
+        with tempfile.TemporaryDirectory() as tmp:
+            matrix = Path(tmp, "one.yaml")  # one cell of the batching matrix
+            shutil.copytree(HERE / "cases", Path(tmp, "cases"))
+            text = (HERE / "batching.yaml").read_text()
+            matrix.write_text(text.replace("mesh: [2x2, 3x3]", "mesh: [2x2]")
+                              .replace("rep: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]",
+                                       "rep: [0]"))
+            cpmatrix("run", "--matrix", str(matrix), "--cache-dir", f"{tmp}/cache",
+                     "--out", f"{tmp}/out", "--plain")
+            lookups(Path(tmp, "cache"), matrix)
 
 
 if __name__ == "__main__":

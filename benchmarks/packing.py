@@ -3,58 +3,52 @@
 ``--dry-run`` makes for a multi-GPU host, for several device counts.
 
     python benchmarks/packing.py [--matrix matrix/parity.yaml] [-k EXPR] [--reps 1]
-                                 [--gpus 1 2 4 8]
+                                 [--gpus 1 2 4 8] [--smoke]
 
 Part 1 runs ``cpmatrix run --platform cpu --no-cache`` with each packing, alternately
 (``--reps`` times each, median wall), and prints the wall times, the ratio, and the sum of
-the cells' own durations. On a machine with fewer cores than ranks the cells of a slot run
-slower side by side (they share the cores), so the gain there is the idle ranks' time
-only; on a many-core host or a GPU node each slot has its own cores or devices.
+the cells' own durations (from each run's ``report.xml``). On a machine with fewer cores
+than ranks the cells of a slot run slower side by side (they share the cores), so the gain
+there is the idle ranks' time only; on a many-core host or a GPU node each slot has its
+own cores or devices.
 
 Part 2 asks ``--dry-run`` for the cuda platform's plan on ``--gpus N`` devices (no GPU
 needed) and prints each plan's expected makespan, one-cell-at-a-time time, the most cells
 at once and the share of device-seconds in use.
+
+``--smoke``: the four single- and two-rank fp64 unit cells, and the plan for 2 GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+from _bench import ROOT, add_smoke, cpmatrix, report
+
+SMOKE = "unit and fp64 and reference and n=5 and (1x1 or 1x2)"
 WORLD = re.compile(r"expected makespan ([\d.]+) s \(one cell at a time ([\d.]+) s\), up to "
                    r"(\d+) cells at once, ranks busy (\d+)%")
 
 
 def run(matrix: str, keyword: str | None, pack: str, out: Path) -> tuple[float, float]:
     """(wall seconds, sum of the cells' own durations) of one run."""
-    cmd = [sys.executable, "-m", "cpmatrix", "run", "--matrix", matrix, "--platform", "cpu",
-           "--no-cache", "--plain", "--pack", pack, "--out", str(out)]
-    if keyword:
-        cmd += ["-k", keyword]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.exit(f"{pack}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    results = json.loads((out / "results.json").read_text())
-    own = sum(r["duration_s"] for r in results if r["cell_id"].endswith("@cpu")
-              and not r["cell_id"].startswith("spill_"))
+    select = ["-k", keyword] if keyword else []
+    wall, _ = cpmatrix("run", "--matrix", matrix, "--platform", "cpu", "--no-cache", "--plain",
+                       "--pack", pack, "--out", str(out), *select, cwd=ROOT)
+    own = sum(c.time for c in report(out) if c.platform == "cpu"
+              and not c.cell_id.startswith("spill_"))
     return wall, own
 
 
 def gpu_plan(matrix: str, gpus: int) -> tuple[str, ...] | None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", "run", "--matrix", matrix, "--platform", "cuda",
-         "--gpus", str(gpus), "--dry-run", "--out", tempfile.mkdtemp()],
-        cwd=ROOT, capture_output=True, text=True, check=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, proc = cpmatrix("run", "--matrix", matrix, "--platform", "cuda", "--gpus", str(gpus),
+                           "--dry-run", "--out", tmp, cwd=ROOT, codes=range(256))
     found = WORLD.search(proc.stdout)
     return found.groups() if found else None
 
@@ -65,7 +59,10 @@ def main() -> int:
     p.add_argument("-k", dest="keyword", default=None)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--gpus", type=int, nargs="*", default=[1, 2, 4, 8])
+    add_smoke(p)
     args = p.parse_args()
+    if args.smoke:
+        args.keyword, args.reps, args.gpus = SMOKE, 1, [2]
 
     walls: dict[str, list[float]] = {"slots": [], "serial": []}
     own: dict[str, list[float]] = {"slots": [], "serial": []}

@@ -1,16 +1,17 @@
 """cpmatrix side by side with its peers on the same cells, in one run, as ratios.
 
-    python benchmarks/peers.py [--reps 15] [--per-cell] [--skip-torchrun]
+    python benchmarks/peers.py [--reps 15] [--per-cell] [--skip-torchrun] [--smoke]
 
 The cells: ``benchmarks/batching.yaml`` (a small fp64 DTensor matmul + layer_norm parity
-check, forward and backward), ``--reps`` times on a 2x2 mesh and ``--reps`` times on 3x3.
-Contestants, each timed wall-clock from the command's start to its exit:
+check, forward and backward), ``--reps`` times on a 2x2 mesh and ``--reps`` times on 3x3
+(``--smoke``: once, on 2x2 only, without torchrun). Contestants, each timed wall-clock
+from the command's start to its exit:
 
 - cpmatrix, batched, fork launcher (the default);
 - cpmatrix, batched, ``--launcher torchrun`` (each rank a fresh interpreter);
-- PyTorch's ``MultiProcContinuousTest`` (``benchmarks/peers_continuous.py``; one forked
-  world per test class, tests sent over a queue; needs ``pip install -e .[bench]``, which
-  brings expecttest);
+- PyTorch's ``MultiProcContinuousTest`` (``benchmarks/_peers_continuous.py``; one forked
+  world per test class, tests sent over a queue; needs expecttest, in the ``dev`` and
+  ``bench`` extras);
 - with ``--per-cell``: cpmatrix ``--batch-size 1`` (one world per cell, fork launcher).
 
 Machines are noisy: compare the ratios, which are measured in one run.
@@ -26,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from _bench import HERE, add_smoke, cpmatrix
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+def timed(argv: list[str], env: dict[str, str]) -> float:
     t0 = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     wall = time.monotonic() - t0
@@ -39,11 +40,10 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
     return wall
 
 
-def cpmatrix(out: Path, reps: int, *extra: str) -> float:
-    select = " or ".join(f"rep={i}]" for i in range(reps))
-    return timed([sys.executable, "-m", "cpmatrix", "run", "--matrix",
-                  str(HERE / "batching.yaml"), "-k", select, "--out", str(out), "--plain",
-                  "--no-cache", *extra])
+def run(out: Path, select: str, *extra: str) -> float:
+    wall, _ = cpmatrix("run", "--matrix", str(HERE / "batching.yaml"), "-k", select,
+                       "--out", str(out), "--plain", "--no-cache", *extra)
+    return wall
 
 
 def main() -> None:
@@ -51,21 +51,28 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15, help="cells per mesh (2x2 and 3x3)")
     ap.add_argument("--per-cell", action="store_true", help="also one world per cell (slow)")
     ap.add_argument("--skip-torchrun", action="store_true")
+    add_smoke(ap)
     args = ap.parse_args()
+    reps = 1 if args.smoke else args.reps
+    meshes = ("2x2",) if args.smoke else ("2x2", "3x3")
+    select = f"({' or '.join(f'rep={i}]' for i in range(reps))})"
+    if args.smoke:
+        select += " and 2x2"
     walls: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        walls["cpmatrix (fork launcher)"] = cpmatrix(Path(tmp, "fork"), args.reps)
-        env = dict(os.environ, CPMATRIX_PEER_REPS=str(args.reps), OMP_NUM_THREADS="1")
+        walls["cpmatrix (fork launcher)"] = run(Path(tmp, "fork"), select)
+        env = dict(os.environ, CPMATRIX_PEER_REPS=str(reps), OMP_NUM_THREADS="1",
+                   CPMATRIX_PEER_MESHES=",".join(m[0] for m in meshes))
         walls["MultiProcContinuousTest"] = timed(
-            [sys.executable, str(HERE / "peers_continuous.py")], env=env)
-        if not args.skip_torchrun:
-            walls["cpmatrix (--launcher torchrun)"] = cpmatrix(
-                Path(tmp, "torchrun"), args.reps, "--launcher", "torchrun")
+            [sys.executable, str(HERE / "_peers_continuous.py")], env=env)
+        if not (args.skip_torchrun or args.smoke):
+            walls["cpmatrix (--launcher torchrun)"] = run(
+                Path(tmp, "torchrun"), select, "--launcher", "torchrun")
         if args.per_cell:
-            walls["cpmatrix, one world per cell"] = cpmatrix(
-                Path(tmp, "single"), args.reps, "--batch-size", "1")
+            walls["cpmatrix, one world per cell"] = run(
+                Path(tmp, "single"), select, "--batch-size", "1")
     base = walls["cpmatrix (fork launcher)"]
-    print(f"{2 * args.reps} cells ({args.reps} on 2x2, {args.reps} on 3x3), gloo on CPU")
+    print(f"{len(meshes) * reps} cells ({reps} on each of {', '.join(meshes)}), gloo on CPU")
     for name, wall in walls.items():
         print(f"{name:34}{wall:8.1f} s  {wall / base:5.2f}x cpmatrix's time")
 

@@ -1,6 +1,6 @@
 """The same test files natively and with ``pytest --cpmatrix``, in one run, as a ratio.
 
-    python benchmarks/pytest_front.py [-k EXPR] [--suite DIR] [--order native-first]
+    python benchmarks/pytest_front.py [-k EXPR] [--suite DIR] [--order native-first] [--smoke]
 
 The suite (default: ``tests/resources/pytest_front_suites/dtensor``, 110 tests written on
 torch's ``DTensorTestBase`` at world sizes 2 and 4, with expected failures and skips in
@@ -12,7 +12,8 @@ the mix) is run twice, each time by ``python -m pytest`` in its own folder:
 It prints both wall times, the ratio, the load average when each run started, and
 compares the outcome of every test (JUnit XML): a test that ends differently is listed
 and the script exits 1. ``-k`` selects tests as pytest does (CI runs a handful; the full
-native run takes tens of minutes on a 2-core machine).
+native run takes tens of minutes on a 2-core machine); ``--smoke`` selects one 2-rank test.
+Needs expecttest (torch's test harness imports it; in the ``dev`` and ``bench`` extras).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _bench import ROOT, add_smoke
+
 SUITE = ROOT / "tests" / "resources" / "pytest_front_suites" / "dtensor"
+#: One 2-rank test that passes: a native world, a cpmatrix world, the comparison.
+SMOKE = "ReducePairTest and test_reduce_op_sum_dim_0_placement_shard0"
 
 
 def outcomes(junit: Path) -> dict[str, str]:
@@ -71,7 +75,10 @@ def main() -> int:
                    default="cpmatrix-first")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="keep both runs' JUnit XML (native.xml, cpmatrix.xml) in DIR")
+    add_smoke(p)
     args = p.parse_args()
+    if args.smoke:
+        args.keyword = SMOKE
     suite = args.suite.resolve()
     with tempfile.TemporaryDirectory(prefix="pytest-front-bench-") as tmp:
         runs = {"native": [], "cpmatrix": ["--cpmatrix", "--cpmatrix-out", f"{tmp}/out"]}

@@ -8,23 +8,27 @@ returning "no twin": the fixed table judges), and prints the time of each and th
 Both variants run the same cases in the same process, after one untimed warm-up round,
 alternating which goes first, so machine load hits them alike.
 
-    python benchmarks/twin_cost.py --rounds 3
+    python benchmarks/twin_cost.py --rounds 3 [--smoke]
+
+``--smoke``: one round of the first case's first cell.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import torch
 import torch.distributed as dist
+from _bench import add_smoke
 
 from cpmatrix.cell import TORCH_DTYPES, CellContext, seed_for
 from cpmatrix.parity import _twin
@@ -69,18 +73,26 @@ def _context(case: Callable[[Any], None], dtype: str, autocast: bool, mesh: Any,
 
 @contextmanager
 def _no_twin() -> Any:
-    with mock.patch.object(_twin, "make_twin", lambda serial: _twin.Twin(why="off")), \
-            mock.patch("cpmatrix.parity.run.make_twin",
-                       lambda serial: _twin.Twin(why="off")), \
-            mock.patch("cpmatrix.parity._training.make_twin",
-                       lambda serial: _twin.Twin(why="off")):
+    # Every parity module that imported make_twin gets the switched-off one, wherever the
+    # checks live now (a hard-coded list went stale when a module split).
+    users = [m for name, m in list(sys.modules.items())
+             if name.startswith("cpmatrix.parity") and getattr(m, "make_twin", None)
+             is _twin.make_twin]
+    assert _twin in users and len(users) > 1, "no parity module calls make_twin any more"
+    with ExitStack() as stack:
+        for module in users:
+            stack.enter_context(mock.patch.object(module, "make_twin",
+                                                  lambda serial: _twin.Twin(why="off")))
         yield
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 1
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29571")
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -90,7 +102,7 @@ def main() -> None:
         mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("cp0", "cp1"))
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
-            cells = _cells(mesh, out)
+            cells = _cells(mesh, out)[:1] if args.smoke else _cells(mesh, out)
             for case, kw in cells:  # warm-up (imports, first-call costs), not timed
                 case(_context(case, kw["dtype"], kw["autocast"], mesh, out))
             totals = {"with twin": 0.0, "without": 0.0}

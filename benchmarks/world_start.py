@@ -1,6 +1,6 @@
 """Where a world start's time goes, for each launcher: a breakdown and the ratio.
 
-    python benchmarks/world_start.py [--ranks 4 9] [--reps 2]
+    python benchmarks/world_start.py [--ranks 4 9] [--reps 2] [--smoke]
 
 Starts a gloo world (init_process_group, a 2-D DeviceMesh, one small DTensor round trip)
 through ``torch.distributed.run`` and through cpmatrix's fork launcher
@@ -14,6 +14,8 @@ slowest rank reached it (seconds since the launch; median over ``--reps``):
 - ``mesh``: ``init_device_mesh`` (one ``new_group`` per row and column);
 - ``first op``: a DTensor distribute + full_tensor;
 - ``exit``: until the launcher exited.
+
+``--smoke``: one 2-rank start per launcher. The ranks run ``benchmarks/_world_start_rank.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from _bench import HERE, add_smoke
+
 PHASES = ("entered", "torch_imported", "cpmatrix_imported", "process_group", "mesh",
           "first_dtensor_op")
 NAMES = ("launcher", "torch import", "cpmatrix import", "process group", "mesh", "first op")
@@ -50,7 +53,7 @@ def start(launcher: str, ranks: int, out: Path) -> dict[str, float]:
                                            "--monitor-interval=0.1"]
     argv = [sys.executable, "-m", module, *extra, f"--nproc-per-node={ranks}",
             "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-            "-m", "world_start_rank", str(out)]
+            "-m", "_world_start_rank", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     t0 = time.time()
@@ -67,7 +70,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[4, 9])
     ap.add_argument("--reps", type=int, default=2)
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.ranks, args.reps = [2], 1
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in args.ranks:
             runs: dict[str, list[dict[str, float]]] = {"torchrun": [], "fork": []}

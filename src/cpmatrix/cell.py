@@ -26,9 +26,9 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-__all__ = ["MESH_DIMS", "TORCH_DTYPES", "CellContext", "EvidenceValue", "seed_for"]
+__all__ = ["MESH_DIMS", "TORCH_DTYPES", "CellContext", "CellFields", "EvidenceValue", "seed_for"]
 
 EvidenceValue = int | float | str | bool
 
@@ -52,6 +52,35 @@ def seed_for(cell_id: str, run_number: int = 1) -> int:
     """
     text = cell_id if run_number <= 1 else f"{cell_id}#run={run_number}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+class CellFields(Protocol):
+    """What a cell context copies from the spec a rank runs
+    (:class:`cpmatrix.remote.protocol.CellSpec`; named here by its shape, as this module
+    sits below it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def autocast(self) -> bool: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def level(self) -> str: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    @property
+    def platform(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def mutant(self) -> str: ...
+    @property
+    def run_number(self) -> int: ...
 
 
 @dataclass(kw_only=True)
@@ -93,6 +122,29 @@ class CellContext:
     #: Which run of the cell this is: 1 for a plain run, 1..N with ``--runs-per-test N``.
     run_number: int = 1
     evidence: dict[str, EvidenceValue] = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec: CellFields, *, rank: int, mesh: Any, device: Any, backend: str,
+                  dtype: Any, seed: int, generator: Any, out_dir: Path) -> CellContext:
+        """The context of ``spec`` on ``rank``: the one copy of a cell's fields into what a
+        case receives; the rest is the rank's (its mesh, device, ``torch`` dtype, ...).
+
+        >>> from types import SimpleNamespace as S
+        >>> spec = S(id="t@cpu", world_size=2, dtype="fp64", autocast=False, path="reference",
+        ...          level="unit", params={"seq": 7}, platform="cpu", target="t", mutant="",
+        ...          run_number=1)
+        >>> ctx = CellContext.from_spec(spec, rank=1, mesh=None, device="cpu", backend="gloo",
+        ...     dtype="float64", seed=3, generator=None, out_dir=Path("out"))
+        >>> ctx.dtype_name, ctx.params, ctx.mutant
+        ('fp64', {'seq': 7}, None)
+        """
+        return cls(
+            id=spec.id, rank=rank, world_size=spec.world_size, mesh=mesh, device=device,
+            backend=backend, dtype=dtype, dtype_name=spec.dtype, autocast=spec.autocast,
+            path=spec.path, level=spec.level, params=dict(spec.params), seed=seed,
+            generator=generator, out_dir=out_dir, platform=spec.platform, target=spec.target,
+            mutant=spec.mutant or None, run_number=spec.run_number,
+        )
 
     def record(self, name: str, value: EvidenceValue) -> None:
         """Attach evidence (a number or a short string) that ends up in the report."""

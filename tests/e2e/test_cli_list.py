@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli
 from cpmatrix.cli import main
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
@@ -238,8 +238,7 @@ def test_show_suggests_cells_of_the_same_target(capsys: pytest.CaptureFixture[st
 
 def test_exit_codes_in_a_real_process(tmp_path: Path) -> None:
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cpmatrix", *argv], capture_output=True,
-                              text=True, cwd=tmp_path, timeout=120, check=False)
+        return run_cli(*argv, cwd=tmp_path, timeout=120)
 
     ok = run("list", "--matrix", str(GRID), "-k", "allgather")
     assert ok.returncode == 0 and len(ok.stdout.splitlines()) == 4

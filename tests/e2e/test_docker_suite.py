@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.run.runners import get_runner
 
@@ -29,11 +29,9 @@ def test_suite_cells_pass_in_a_container(tmp_path: Path) -> None:
     why = get_runner("docker", _CPU, ROOT / "matrix").unavailable()
     assert why is None, f"docker installed but unusable (CI builds the image): {why}"
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", "run", "--matrix", str(ROOT / "matrix" / "parity.yaml"),
-         "-k", SELECTION, "--runner", "docker", "--out", str(out), "--plain", "--no-cache"],
-        capture_output=True, text=True, timeout=900, check=False,
-    )
+    proc = run_cli("run", "--matrix", str(ROOT / "matrix" / "parity.yaml"), "-k", SELECTION,
+                   "--runner", "docker", "--out", str(out), "--plain", "--no-cache",
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.stdout.startswith("runner: docker")
     results = json.loads((out / "results.json").read_text())
@@ -78,10 +76,9 @@ def test_a_users_own_image_reference_runs_its_cells(tmp_path: Path) -> None:
             "axes: {mesh: [1x2]}}\n")
 
         def run(out: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "cpmatrix", "run", "--matrix", str(matrix), "--runner",
-                 "docker", "--out", str(tmp_path / out), "--cache-dir", str(tmp_path / "cache"),
-                 "--plain"], capture_output=True, text=True, timeout=600, check=False)
+            return run_cli("run", "--matrix", str(matrix), "--runner", "docker", "--out",
+                           str(tmp_path / out), "--cache-dir", str(tmp_path / "cache"),
+                           "--plain", timeout=600)
 
         first = run("a")
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]

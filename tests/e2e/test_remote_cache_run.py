@@ -32,20 +32,12 @@ import pytest
 from cache_server_fixture import serve
 from cli_runner import RES, run_cli
 from cpmatrix.run.reapi import ActionResult
+from world_runs import Run, read_run
 
 pytestmark = pytest.mark.slow
 
 PASSING = ("alpha", "beta", "delta", "gamma")
 ENTRY = "cpmatrix/entry.json"
-
-
-@dataclass
-class Run:
-    rc: int
-    stdout: str
-    stderr: str
-    results: dict[str, dict[str, Any]]
-    run_json: dict[str, Any]
 
 
 @dataclass
@@ -77,12 +69,7 @@ def _run(project: Path, cache: Path, *extra: str) -> Run:
     proc = run_cli("run", "--matrix", str(project / "matrix.yaml"), "--out", str(out),
                    "--cache-dir", str(cache), "--plain", *extra, timeout=300)
     # A run that crashed writes no results: its tests fail, the other runs' still judge.
-    rows = json.loads((out / "results.json").read_text()) \
-        if (out / "results.json").is_file() else []
-    run_json = json.loads((out / "run.json").read_text()) \
-        if (out / "run.json").is_file() else {}
-    return Run(proc.returncode, proc.stdout, proc.stderr,
-               {r["cell_id"].split("[")[0]: r for r in rows}, run_json)
+    return read_run(out, proc.returncode, proc.stdout, stderr=proc.stderr, required=False)
 
 
 def _files(data: Path) -> dict[str, bytes]:
@@ -115,7 +102,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         case = b / "cases" / "remote_beta.py"
         case.write_text(case.read_text().replace("2.0", "2.5"))
         (b / "data" / "delta.txt").write_text("7\n")
-        gamma = s.runs["write"].results["gamma"]
+        gamma = s.runs["write"].by_target()["gamma"]
         for name, blob in s.after_write.items():
             if name.startswith("ci/cas/") and b'"gamma[' in blob:
                 # Same length, still a well-formed pass: only the hash can tell.
@@ -148,8 +135,9 @@ def _ac_entries(files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
 
 def test_main_writes_every_first_attempt_pass_and_never_the_flaky_one(story: Story) -> None:
     run = story.runs["write"]
-    assert run.rc == 1, run.stdout + run.stderr  # the FLAKY cell is not ok for the exit code
-    assert {n: r["status"] for n, r in run.results.items()} == {
+    # The FLAKY cell is not ok for the exit code.
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert {n: r["status"] for n, r in run.by_target().items()} == {
         "alpha": "passed", "beta": "passed", "delta": "passed", "gamma": "passed",
         "retried": "flaky"}
     entries = _ac_entries(story.after_write)
@@ -172,7 +160,7 @@ def test_entries_name_project_files_relative_to_the_project(story: Story) -> Non
 
 def test_another_checkout_hits_the_untouched_cell_from_the_remote(story: Story) -> None:
     run = story.runs["read"]
-    alpha = run.results["alpha"]
+    alpha = run.by_target()["alpha"]
     assert alpha["status"] == "cached", alpha
     assert "(remote cache http://127.0.0.1:" in alpha["message"]
     assert alpha["evidence"]["cached_from"].endswith("/ci")
@@ -192,13 +180,13 @@ def test_a_remote_hit_brings_the_logs_of_the_run_that_stored_it(story: Story) ->
 
 
 def test_an_edited_case_misses_and_runs(story: Story) -> None:
-    beta = story.runs["read"].results["beta"]
+    beta = story.runs["read"].by_target()["beta"]
     assert beta["status"] == "passed" and beta["evidence"]["value"] == 2.5, beta
 
 
 def test_a_remote_entry_whose_files_differ_here_is_a_miss(story: Story) -> None:
     run = story.runs["read"]
-    delta = run.results["delta"]
+    delta = run.by_target()["delta"]
     assert delta["status"] == "passed" and delta["evidence"]["value"] == 7.0, delta
     remote = run.run_json["cache"]["remote"]
     assert remote["stale"] == 1, remote
@@ -207,7 +195,7 @@ def test_a_remote_entry_whose_files_differ_here_is_a_miss(story: Story) -> None:
 
 def test_a_tampered_blob_is_a_reported_miss(story: Story) -> None:
     run = story.runs["read"]
-    gamma = run.results["gamma"]
+    gamma = run.by_target()["gamma"]
     assert gamma["status"] == "passed" and gamma["evidence"]["value"] == 4.0, gamma
     remote = run.run_json["cache"]["remote"]
     assert (remote["hits"], remote["corrupt"], remote["misses"]) == (1, 1, 4), remote
@@ -226,8 +214,8 @@ def test_read_only_never_writes(story: Story) -> None:
 
 def test_an_unreachable_remote_warns_once_and_the_run_goes_on(story: Story) -> None:
     run = story.runs["down"]
-    assert run.rc == 0, run.stdout + run.stderr  # retried passes now: its marker exists
-    assert all(r["status"] == "passed" for r in run.results.values()), run.results
+    assert run.returncode == 0, run.stdout + run.stderr  # retried passes now: its marker exists
+    assert all(r["status"] == "passed" for r in run.by_target().values()), run.results
     assert run.stderr.count("warning: remote cache http://127.0.0.1:") == 1, run.stderr
     assert "going on with the local cache only" in run.stderr
     remote = run.run_json["cache"]["remote"]

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -213,10 +212,8 @@ def test_a_job_pending_past_the_limit_fails_its_cells_saying_so(tmp_path: Path) 
 def test_no_slurm_client_on_path_is_a_usage_error(tmp_path: Path) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", "run", "--matrix", str(RES / "runtime.yaml"),
-         "--scheduler", "slurm", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, env={**os.environ, "PATH": str(bare)}, check=False)
+    proc = run_cli("run", "--matrix", str(RES / "runtime.yaml"), "--scheduler", "slurm",
+                   "--out", str(tmp_path / "out"), env={"PATH": str(bare)})
     assert proc.returncode == 2 and "needs srun, squeue, scancel on PATH" in proc.stderr, \
         proc.stderr
     assert "Traceback" not in proc.stderr

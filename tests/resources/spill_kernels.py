@@ -1,4 +1,4 @@
-"""Small Triton kernels for tests/unit/test_spill.py (imported as ``spill_kernels``).
+"""Small Triton kernels for tests/e2e/test_spill.py (imported as ``spill_kernels``).
 
 :data:`row_softmax` holds a whole row in registers, so it is fine at BLOCK=1024 and
 spills once a thread's share of the row outgrows the 255-register file. Measured with

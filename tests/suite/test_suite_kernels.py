@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from cli_runner import run_cli
+
 pytest.importorskip("triton")
 
 SCRIPT = Path(__file__).with_name("_kernel_checks.py")
@@ -75,11 +77,9 @@ def test_layer_norm_backward_cells_pass_on_real_worlds(tmp_path: Path) -> None:
     import triton
 
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", "run", "--platform", "cpu", "--runner", "local",
-         "-k", "layernorm_kernel or pair_block_kernel or train_step_kernel", "--no-cache",
-         "--out", str(out), "--plain"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    proc = run_cli("run", "--platform", "cpu", "--runner", "local",
+                   "-k", "layernorm_kernel or pair_block_kernel or train_step_kernel",
+                   "--no-cache", "--out", str(out), "--plain", cwd=ROOT, timeout=600)
     where = f"triton {triton.__version__}:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
     assert proc.returncode == 0, where
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))

@@ -38,22 +38,22 @@ def _matrix(tmp_path: Path, extra: str = "") -> Path:
 def test_the_command_line_wins_over_the_setting_and_no_cache_turns_both_off(
         tmp_path: Path) -> None:
     m = load_matrix(_matrix(tmp_path, "remote_cache: https://team.example.com/cp\n"))
-    assert remote_settings(RunOptions(), m).display == "https://team.example.com/cp"
+    assert remote_settings(RunOptions().caching, m).display == "https://team.example.com/cp"
     cli = RunOptions(remote_cache="http://127.0.0.1:8765/mine")
-    assert remote_settings(cli, m).display == "http://127.0.0.1:8765/mine"
-    assert remote_settings(RunOptions(remote_cache=""), m) is None
-    assert remote_settings(RunOptions(no_cache=True), m) is None
-    assert remote_settings(RunOptions(no_cache=True, remote_cache="http://h/"), m) is None
-    ro = remote_settings(RunOptions(remote_cache_read_only=True), m)
+    assert remote_settings(cli.caching, m).display == "http://127.0.0.1:8765/mine"
+    assert remote_settings(RunOptions(remote_cache="").caching, m) is None
+    assert remote_settings(RunOptions(no_cache=True).caching, m) is None
+    assert remote_settings(RunOptions(no_cache=True, remote_cache="http://h/").caching, m) is None
+    ro = remote_settings(RunOptions(remote_cache_read_only=True).caching, m)
     assert ro is not None and ro.read_only
     # Read-only with no remote at all: nothing to do (one CI line for every project).
-    assert remote_settings(RunOptions(remote_cache_read_only=True),
+    assert remote_settings(RunOptions(remote_cache_read_only=True).caching,
                            load_matrix(_matrix(tmp_path))) is None
 
 
 def test_a_committed_read_only_setting(tmp_path: Path) -> None:
     m = load_matrix(_matrix(tmp_path, "remote_cache: {url: 'http://h:9/x', read_only: true}\n"))
-    found = remote_settings(RunOptions(), m)
+    found = remote_settings(RunOptions().caching, m)
     assert found is not None and found.read_only and found.prefix == "/x"
 
 
@@ -66,7 +66,7 @@ def test_a_bad_setting_is_a_spec_error_naming_file_and_line(
         tmp_path: Path, setting: str, says: str) -> None:
     path = _matrix(tmp_path, setting)
     with pytest.raises(SpecError) as err:
-        remote_settings(RunOptions(), load_matrix(path))
+        remote_settings(RunOptions().caching, load_matrix(path))
     message = str(err.value)
     assert message.startswith(f"{path}:4:") and "remote_cache:" in message, message
     assert says in message and "secret" not in message, message

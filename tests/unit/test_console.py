@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cpmatrix.cli.console import format_summary
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.session import RunReport
+from cpmatrix.run.outcome import RunReport
 
 
 def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:

@@ -8,8 +8,6 @@ expected line number from it, so rows stay correct when edited.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -486,26 +484,3 @@ def test_spec_error_carries_its_parts() -> None:
     assert (e.file, e.line, e.column, e.yaml_path) == ("inline.yaml", 5, column, "targets[0].kind")
     assert e.message == "unknown kind 'x'"
     assert e.allowed == "parity, property, spill, pytest"
-
-
-@pytest.mark.parametrize(
-    ("text", "line", "fragment"),
-    [
-        (HEAD + "targets:\n  - {name: a, case: tiny.ok, level: unit}\n", 6, "bad case 'tiny.ok'"),
-        (HEAD + "targets: [\n", 6, "YAML syntax error"),
-    ],
-    ids=["spec", "syntax"],
-)
-def test_bad_input_in_a_real_process_has_no_traceback(
-    text: str, line: int, fragment: str, tmp_path: Path
-) -> None:
-    path = write_matrix(tmp_path, text)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", "list", "--matrix", str(path)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.startswith(f"error: {path}:{line}:")
-    assert fragment in proc.stderr

@@ -19,8 +19,9 @@ from cpmatrix.report.junit import results_to_junit, write_junit
 from cpmatrix.report.read import read_report
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.entry import Entry
+from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.policies import interpret_mutant
-from cpmatrix.run.session import RunReport, _Session
+from cpmatrix.run.session import JobPool, _Session
 
 CELL = "t[unit,1x2,fp64,autocast=off,reference]@cpu"
 PASSED = Result(cell_id=CELL, status=Status.PASSED)
@@ -84,7 +85,7 @@ def _cell() -> Cell:
 
 
 def _session() -> Any:
-    session = _Session(SimpleNamespace(sources={}), {}, jobs=1, devices=0, store=None,
+    session = _Session(SimpleNamespace(sources={}), {}, pool=JobPool(), store=None,
                        on_result=None)
     cell = _cell()
     session.planned = [Entry(cell=cell), Entry(cell=cell, mutant="bug"),

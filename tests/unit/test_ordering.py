@@ -5,11 +5,9 @@ parsed order, the cells in it, a world planned in it, and the seed that repeats 
 from __future__ import annotations
 
 import doctest
-import re
 
 import pytest
 
-from cli_runner import RES, run_cli
 from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import Cell, Mesh
 from cpmatrix.run import ordering
@@ -69,27 +67,3 @@ def test_an_ordered_world_keeps_the_given_order_as_its_priority() -> None:
     kept = plan_batches(arrange(cells, Order("reverse")), keep_order=True,
                         pack=PackSpec(ordered=True, serial=True))[0]
     assert [c.id for c in kept.cells] == ["t2", "t3", "t4", "t1"]
-
-
-def _planned(*extra: str) -> tuple[str, list[str]]:
-    """The dry run's output and its cells in the order they run (one at a time)."""
-    proc = run_cli("run", "--matrix", str(RES / "runtime.yaml"), "--dry-run", "--pack",
-                   "serial", *extra)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    cells = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")
-             and "ranks" in line]
-    return proc.stdout, cells
-
-
-def test_the_order_is_printed_and_a_seed_repeats_the_plan() -> None:
-    _, matrix = _planned("--order", "matrix")
-    _, reverse = _planned("--order", "reverse")
-    assert matrix and reverse == matrix[::-1]
-    out, shuffled = _planned("--order", "random")
-    seed = re.search(r"^order: random:(\d+) \(--order random:\1 runs this order again\)$",
-                     out, re.M)
-    assert seed is not None, out
-    assert _planned("--order", f"random:{seed.group(1)}")[1] == shuffled
-    assert sorted(shuffled) == sorted(matrix)
-    proc = run_cli("run", "--matrix", str(RES / "runtime.yaml"), "--order", "upside-down")
-    assert proc.returncode == 2 and "--order 'upside-down'" in proc.stderr

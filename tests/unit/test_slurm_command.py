@@ -12,7 +12,8 @@ from cpmatrix.report import merge
 from cpmatrix.run import balance, sharding, slurm
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.run.runners.local import LocalRunner
-from cpmatrix.run.slurm import JobState, SlurmRunner, SlurmSettings, job_name, parse_states
+from cpmatrix.run.settings import SlurmSettings
+from cpmatrix.run.slurm import JobState, SlurmRunner, job_name, parse_states
 
 
 @pytest.mark.parametrize("module", [balance, sharding, slurm, merge])

@@ -221,7 +221,7 @@ def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
             write_typed(folder / marker_name(0, rank, "done"),
                         Outcome(index=0, rank=rank, id=cell.id, run=run, status="ok",
                                 evidence={"x": 1}))
-            write_typed(world.dir / f"rank{rank}.pid", PidFile(pid=1, rank=rank, run=run))
+            write_typed(world.folder.pid_file(rank), PidFile(pid=1, rank=rank, run=run))
         world._read_progress()
         world._collect_complete()
         return world
@@ -231,3 +231,32 @@ def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     # The same files written by this run are read (the check above is not vacuous).
     own = world_with_files("mine")
     assert [r.status for _, r in own.results] == [Status.PASSED] and own._pids == {0: 1, 1: 1}
+
+
+def test_a_world_that_cannot_be_launched_hands_its_cells_back_as_a_failed_start(
+        tmp_path: Path) -> None:
+    """An OS error launching the world (disk full, no interpreter) is a failed start: the
+    session retries it, then fails the cells naming the error. (It used to report the
+    cells itself after marking the job finished, and a finished job is never polled.)"""
+    from cpmatrix.matrix.schema import Cell, Mesh, Platform
+    from cpmatrix.run.context import RunContext
+    from cpmatrix.run.entry import Entry
+    from cpmatrix.run.executors.world import WorldRun
+    from cpmatrix.run.runners.base import Launch
+    from cpmatrix.run.runners.local import LocalRunner
+
+    class DiskFull(LocalRunner):
+        def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:
+            raise OSError(28, "No space left on device")
+
+    cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
+                kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,
+                path="reference", params=(), platform="cpu", timeout_s=60, tags=())
+    entries = [Entry(cell=cell)]
+    world = WorldRun("000-w", entries, Platform(name="cpu", backend="gloo", device="cpu"),
+                     RunContext(out_root=tmp_path, runner=DiskFull(), run_id="mine"))
+    world.start()
+    assert world.finished and world.start_failed
+    assert world.start_error == ("could not start the world: OSError: [Errno 28] No space "
+                                 "left on device")
+    assert world.remaining == entries and world.poll() == []

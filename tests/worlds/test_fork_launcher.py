@@ -1,10 +1,12 @@
 """The fork launcher (``cpmatrix.remote.forkrun``) on its own: the ranks it forks get
 torchrun's variables, die with it, and the first failing rank is named; it refuses to
 fork once a thread exists. (Through the product, every world test runs on it: it is the
-default ``--launcher``.)"""
+default ``--launcher``.) The first failing rank is a typed record for the supervisor
+(``--root-cause-file``) and torchrun's "Root Cause" block in the log for people."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 
 from cli_runner import wait_for
+from cpmatrix.remote.protocol import RootCause, WorldFolder, read_typed
 from cpmatrix.run.executors.attribution import torchrun_root_cause
 
 RES = Path(__file__).parents[1] / "resources" / "fork"
@@ -32,7 +35,8 @@ def launch(out: Path, module: str, *args: str) -> subprocess.Popen[bytes]:
     with open(out / "launcher.log", "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "cpmatrix.remote.forkrun", "--nproc-per-node=3",
-             f"--master-port={free_port()}", "-m", module, str(out), *args],
+             f"--master-port={free_port()}", f"--root-cause-file={out / 'cause.json'}",
+             "-m", module, str(out), *args],
             env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -57,6 +61,7 @@ def test_ranks_get_torchruns_variables_and_exit_cleanly(tmp_path: Path) -> None:
     proc = launch(tmp_path, "fork_targets", "ok")
     output = finish(proc, tmp_path)
     assert proc.returncode == 0, output
+    assert not (tmp_path / "cause.json").exists()  # no rank failed
     lines = [(tmp_path / f"rank{r}.pid").read_text().split() for r in range(3)]
     assert {size for _, size, _ in lines} == {"3"}
     assert len({pid for pid, _, _ in lines}) == 3
@@ -83,8 +88,12 @@ def test_the_first_failing_rank_is_named_and_the_others_are_killed(tmp_path: Pat
     proc = launch(tmp_path, "fork_targets", "exit7_rank1")
     output = finish(proc, tmp_path)
     assert proc.returncode == 1, output
+    cause = read_typed(tmp_path / "cause.json", RootCause)
+    pids = rank_pids(tmp_path)
+    assert cause is not None and (cause.rank, cause.exitcode, cause.pid) == (1, 7, pids[1])
+    # The same rank, as people read it in the launcher's log (torchrun's own block).
     assert torchrun_root_cause(output) == (1, "exited with code 7"), output
-    assert not any(alive(p) for p in rank_pids(tmp_path))
+    assert not any(alive(p) for p in pids)
 
 
 def test_it_refuses_to_fork_once_a_thread_exists(tmp_path: Path) -> None:
@@ -93,3 +102,22 @@ def test_it_refuses_to_fork_once_a_thread_exists(tmp_path: Path) -> None:
     assert proc.returncode == 3, output
     assert "refusing to fork: 2 threads" in output
     assert not list(tmp_path.glob("rank*.pid"))
+
+
+def test_profile_is_a_run_option_the_ranks_read_from_the_world_file(tmp_path: Path) -> None:
+    """``--profile`` reaches the ranks through the world file (``WorldSpec.profile``), not
+    the environment: each rank prints one PROFILE line per cell into its log."""
+    from cli_runner import run_cli
+
+    matrix = Path(__file__).parents[1] / "resources" / "basic.yaml"
+    select = ("-k", "alpha and 1x1 and fp64 and autocast=off and seq=7", "--no-cache")
+    for profile in (True, False):
+        out = tmp_path / f"profile-{profile}"
+        proc = run_cli("run", "--matrix", str(matrix), *select, "--out", str(out),
+                       *(["--profile"] if profile else []))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (world,) = [w for w in (out / "worlds").iterdir() if w.is_dir()]
+        folder = WorldFolder(world)
+        assert json.loads(folder.world_file.read_text())["profile"] is profile
+        log = folder.rank_log(0).read_text()
+        assert ("PROFILE env=" in log) is profile, log

@@ -11,8 +11,6 @@ cell that fails on purpose (``always_wrong``) shows a mutant NOT JUDGED.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +29,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     out = tmp_path_factory.mktemp("real_models") / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpmatrix", "run", "--matrix", str(RES / "real_models.yaml"),
-         "--mutants", "--out", str(out), "--plain"],
-        capture_output=True, text=True, timeout=600, check=False)
+    proc = run_cli("run", "--matrix", str(RES / "real_models.yaml"), "--mutants",
+                   "--out", str(out), "--plain", timeout=600)
     yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
 
 

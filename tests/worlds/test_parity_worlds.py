@@ -10,14 +10,13 @@ the evidence the toolkit recorded, and names the planted bug it shows failing.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli_runner import start_cli
 from cpmatrix.parity import EntropyError, assert_entropy, load_fingerprints
 from world_runs import Run, read_run
 
@@ -34,15 +33,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         "single": ["--matrix", str(RES / "single.yaml")],
     }
     procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "cpmatrix", "run", *args, "--out", str(root / name),
-             "--plain"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        name: start_cli("run", *args, "--out", str(root / name), "--plain",
+                        log=root / f"{name}.log")
         for name, args in argv.items()
     }  # both at once: world start-up dominates and overlaps
     out = {}
     for name, proc in procs.items():
-        stdout, _ = proc.communicate(timeout=400)
-        out[name] = read_run(root / name, proc.returncode, stdout)
+        returncode = proc.wait(timeout=400)
+        output = (root / f"{name}.log").read_text(errors="replace")
+        out[name] = read_run(root / name, returncode, output)
     yield out
 
 

@@ -12,7 +12,7 @@ from cpmatrix.matrix.load import load_matrix
 from cpmatrix.report import read_report
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.runners import get_runner
-from cpmatrix.run.session import run_cells
+from cpmatrix.run.session import Known, Watch, run_cells
 from cpmatrix.run.setup import devices_for, make_context
 
 RES = Path(__file__).parents[1] / "resources"
@@ -30,8 +30,9 @@ def test_skipped_cells_are_reported_beside_the_cells_that_ran(tmp_path: Path) ->
     out = tmp_path / "out"
     options = make_context(matrix, out, get_runner("local"), RunOptions(), run_id="test-skip")
     seen: list[str] = []
-    report = run_cells(run, {p.name: p for p in matrix.platforms}, options, skipped=skipped,
-                       on_result=lambda entry, result: seen.append(entry.key))
+    report = run_cells(run, {p.name: p for p in matrix.platforms}, options,
+                       known=Known(skipped=skipped),
+                       watch=Watch(on_result=lambda entry, result: seen.append(entry.key)))
     # One world for the cell that ran, none for the skipped ones; progress hears of the
     # cell that ran only.
     assert report.world_starts == 1

@@ -1,4 +1,5 @@
-"""Human output: a progress bar on a terminal, plain lines otherwise; the summary.
+"""Human output: a progress bar on a terminal, plain lines otherwise; the summary; the
+:class:`Console` that shows a run's pipeline (its :class:`~cpmatrix.run.pipeline.Hooks`).
 
 The summary lists failures first, one block each (cell id, kind, rank, the first
 lines of the traceback, where the files are), then the counts and the wall time.
@@ -6,14 +7,15 @@ lines of the traceback, where the files are), then the counts and the wall time.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from cpmatrix.result import Result, Status
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.session import RunReport
+from cpmatrix.run.pipeline import Entry, RunReport
 
-__all__ = ["Progress", "format_summary"]
+__all__ = ["Console", "Progress", "format_summary"]
 
 _TRACE_LINES = 12
 
@@ -137,3 +139,29 @@ def format_summary(report: RunReport, out_dir: str) -> str:
     )
     lines.append(f"report: {out_dir}/report.xml (html: {out_dir}/report.html)")
     return "\n".join(lines)
+
+
+class Console:
+    """A run's lines on stdout and stderr, its progress, its summary (the
+    :class:`~cpmatrix.run.pipeline.Hooks` of ``cpmatrix run``)."""
+
+    def __init__(self, *, plain: bool) -> None:
+        self.progress = Progress(force_plain=plain)
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+
+    def warn(self, line: str) -> None:
+        print(line, file=sys.stderr)
+
+    def start(self, total: int) -> None:
+        self.progress.start(total)
+
+    def result(self, entry: Entry, result: Result) -> None:
+        self.progress.update(entry, result)
+
+    def done(self) -> None:
+        self.progress.stop()
+
+    def summary(self, report: RunReport, out: Path) -> None:
+        print(format_summary(report, os.path.relpath(out)))

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from cpmatrix.errors import ExitCode
+from cpmatrix.layout import RunLayout
 
 __all__ = ["add_parsers", "run"]
 
@@ -32,9 +33,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def run(args: argparse.Namespace) -> int:
-    from cpmatrix.cli.run import write_report_html
     from cpmatrix.report.merge import merge_shards
     from cpmatrix.run.outdir import claim_out
+    from cpmatrix.run.pipeline import write_report_html
 
     out: Path = args.out.resolve()
     if out in {f.resolve() for f in args.folders}:
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {len(summary.missing)} cells were reported by no folder; they are "
               "in the report as interrupted:\n  " + "\n  ".join(summary.missing[:50]),
               file=sys.stderr)
-    rows = json.loads((out / "results.json").read_text())
+    rows = json.loads(RunLayout(out).results.read_text())
     bad = sum(1 for r in rows if r["status"] not in ("passed", "cached"))
     print(f"merged {summary.cells} cells from {len(args.folders)} folders into {out} "
           f"({bad} not passed, {len(summary.missing)} missing, "

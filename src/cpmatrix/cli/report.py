@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from cpmatrix.errors import ExitCode
+from cpmatrix.layout import REPORT_HTML, REPORT_XML
 
 __all__ = ["add_parsers", "run"]
 
@@ -31,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     report: Path = args.report
     if report.is_dir():
-        report = report / "report.xml"
-    out = args.out or report.with_name("report.html")
+        report = report / REPORT_XML
+    out = args.out or report.with_name(REPORT_HTML)
     try:
         write_html(report, out)
     except ReportError as exc:

@@ -19,17 +19,18 @@ import shlex
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
 from cpmatrix.cli.common import DEFAULT_MATRIX, load_and_expand
 from cpmatrix.cli.console import format_summary
 from cpmatrix.errors import ExitCode
+from cpmatrix.layout import RunLayout
+from cpmatrix.remote.protocol import WorldFolder
 from cpmatrix.run.options import RunOptions, add_run_arguments
-from cpmatrix.run.outdir import claim_out
-from cpmatrix.run.session import run_cells
-from cpmatrix.run.setup import prepare_run
-from cpmatrix.run.stopping import exit_code_for, stop_on_signals
+from cpmatrix.run.pipeline import check_options, reproduce
 
 __all__ = ["LogStreamer", "add_parsers", "run"]
 
@@ -65,8 +66,9 @@ class LogStreamer(threading.Thread):
         self.pump()
 
     def pump(self) -> None:
-        for command in sorted(self.worlds_dir.glob("*/command.json")):
-            if command in self.printed_commands:
+        worlds = [WorldFolder(p) for p in sorted(self.worlds_dir.glob("*/"))]
+        for command in (w.command_file for w in worlds):
+            if command in self.printed_commands or not command.is_file():
                 continue
             self.printed_commands.add(command)
             try:
@@ -74,8 +76,9 @@ class LogStreamer(threading.Thread):
             except (OSError, ValueError, KeyError):
                 continue
             print(f"$ {shlex.join(argv)}", file=self.stream, flush=True)
-        for log in sorted(self.worlds_dir.glob("*/rank*.log")) + sorted(
-                self.worlds_dir.glob("*/torchrun.log")):
+        # Every world's rank logs, then the launchers' (the order a pump has printed in).
+        for log in ([log for w in worlds for log in w.logs()[:-1]]
+                    + [w.launcher_log for w in worlds]):
             start = self.offsets.get(log, 0)
             try:
                 with open(log, "rb") as f:
@@ -102,40 +105,46 @@ class LogStreamer(threading.Thread):
 def run(args: argparse.Namespace) -> int:
     """The same setup as ``cpmatrix run`` (runner, interpreter, devices), for one cell."""
     options = RunOptions.from_namespace(args)
+    check_options(options)
     matrix, expansion = load_and_expand(args.matrix)
     cell = next((c for c in expansion.cells if c.id == args.cell_id), None)
     if cell is None:
         print(f"no cell {args.cell_id!r} in {args.matrix} (see `cpmatrix list`)", file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
-    out = Path(options.out).resolve()
-    claim = claim_out(out)
-    try:
-        prepared = prepare_run(options, matrix, [cell], claim)
-        if not prepared.cells:
-            (_, why), = prepared.skipped
-            print(f"{cell.id}: cannot run here: {why}", file=sys.stderr)
-            return ExitCode.USAGE
-        print(f"runner: {prepared.runner.name} ({prepared.why_runner})")
-        paste = ["cpmatrix", "repro", cell.id, "--matrix", args.matrix,
-                 "--runner", prepared.runner.name] + (
-                     ["--mutant", args.mutant] if args.mutant else [])
+    done = reproduce(options, matrix, cell, mutant=args.mutant, hooks=_Streaming(args))
+    if done.report is None:
+        return done.code
+    print(format_summary(done.report, str(Path(options.out).resolve())))
+    if done.report.stopped_by is None:
+        result = list(done.report.results.values())[-1]  # the mutant run, with --mutant
+        for key, value in sorted(result.evidence.items()):
+            print(f"evidence {key} = {value!r}")
+    return done.code
+
+
+class _Streaming:
+    """repro's lines, the command to paste, every log streamed while the cell runs."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def say(self, line: str) -> None:
+        print(line)
+
+    def warn(self, line: str) -> None:
+        print(line, file=sys.stderr)
+
+    def ready(self, runner: str) -> None:
+        a = self.args
+        paste = ["cpmatrix", "repro", a.cell_id, "--matrix", a.matrix, "--runner", runner] + (
+            ["--mutant", a.mutant] if a.mutant else [])
         print(f"repro: {shlex.join(paste)}")
-        streamer = LogStreamer(out / "worlds", sys.stdout)
-        # the unmutated cell first: a mutant is judged only against a green cell
-        mutants = {cell.id: ["", args.mutant]} if args.mutant else None
+
+    @contextmanager
+    def watching(self, out: Path) -> Iterator[object]:
+        streamer = LogStreamer(RunLayout(out).worlds, sys.stdout)
         streamer.start()
         try:
-            with stop_on_signals() as stopper:
-                report = run_cells([cell], prepared.platforms, prepared.context,
-                                   devices=prepared.devices, mutants=mutants, stopper=stopper)
+            yield streamer
         finally:
             streamer.stop()
-    finally:
-        claim.release()
-    print(format_summary(report, str(out)))
-    if report.stopped_by is not None:
-        return exit_code_for(report.stopped_by)
-    result = list(report.results.values())[-1]  # the mutant run, with --mutant
-    for key, value in sorted(result.evidence.items()):
-        print(f"evidence {key} = {value!r}")
-    return ExitCode.OK if result.status.ok else ExitCode.FAILURES

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cpmatrix.cli.common import DEFAULT_MATRIX, absolute_path, load_and_expand
 from cpmatrix.errors import ExitCode, UsageError
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.cellid import parse_cell_id
 from cpmatrix.report.history import KEEP, CellHistory, read_histories
 
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     """The cell's history: 0 printed, 2 no readable file, 3 no record of the cell."""
-    path = Path(args.durations) if args.durations else Path(args.out or "out") / "durations.json"
+    path = (Path(args.durations) if args.durations
+            else RunLayout(Path(args.out or "out")).durations)
     try:
         histories = read_histories(path)
     except FileNotFoundError:

@@ -79,35 +79,50 @@ def clause(
                 if key == "mesh":
                     ctx.mesh_nodes[(kpath, str(values[-1]))] = (item, ipath)
             else:
-                text = render(value)
-                known = sorted({render(v) for v in declared[key]})
-                # An exclude naming a value no target has would silently match nothing;
-                # an include may add new values, but not ones that only look like old ones.
-                if not is_include and text not in known:
-                    raise ctx.error(
-                        item, ipath, f"unknown value {value!r} for extra axis {key!r}",
-                        ", ".join(known),
-                    )
-                if not VALUE_RE.match(text):
-                    raise ctx.error(
-                        item, ipath, f"value {value!r} cannot appear in a cell id",
-                        "letters, digits, '_', '.', '+' and '-'",
-                    )
-                # Excludes compare rendered text, so only an include can make a twin.
-                clash = next(
-                    (v for v in declared[key] if render(v) == text and not _same_scalar(v, value)),
-                    None,
-                )
-                if is_include and clash is not None:
-                    raise ctx.error(
-                        item, ipath,
-                        f"two cells with the same id: {key}={value!r} "
-                        f"({type(value).__name__}) renders like the target's {key}={clash!r} "
-                        f"({type(clash).__name__}) as {text!r}",
-                        f"write it as the target does: {key}: {clash!r}",
-                    )
+                _check_extra_value(ctx, key, value, item, ipath, declared[key], is_include)
                 values.append(value)
         conditions.append((key, tuple(values)))
     if not conditions:
         raise ctx.error(node, path, "empty clause: name at least one axis")
     return Clause(conditions=tuple(conditions), where=where_of(ctx, node), label=label)
+
+
+def _check_extra_value(
+    ctx: SpecReader,
+    key: str,
+    value: Scalar,
+    item: yaml.Node,
+    ipath: str,
+    declared: list[Scalar],
+    is_include: bool,
+) -> None:
+    """Check one value a clause gives an extra axis against the values the targets in
+    its scope ``declared`` for it: known (an exclude), fit for a cell id, no look-alike
+    of a declared value of another type (an include)."""
+    text = render(value)
+    known = sorted({render(v) for v in declared})
+    # An exclude naming a value no target has would silently match nothing;
+    # an include may add new values, but not ones that only look like old ones.
+    if not is_include and text not in known:
+        raise ctx.error(
+            item, ipath, f"unknown value {value!r} for extra axis {key!r}",
+            ", ".join(known),
+        )
+    if not VALUE_RE.match(text):
+        raise ctx.error(
+            item, ipath, f"value {value!r} cannot appear in a cell id",
+            "letters, digits, '_', '.', '+' and '-'",
+        )
+    # Excludes compare rendered text, so only an include can make a twin.
+    clash = next(
+        (v for v in declared if render(v) == text and not _same_scalar(v, value)),
+        None,
+    )
+    if is_include and clash is not None:
+        raise ctx.error(
+            item, ipath,
+            f"two cells with the same id: {key}={value!r} "
+            f"({type(value).__name__}) renders like the target's {key}={clash!r} "
+            f"({type(clash).__name__}) as {text!r}",
+            f"write it as the target does: {key}: {clash!r}",
+        )

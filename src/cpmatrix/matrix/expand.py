@@ -212,6 +212,50 @@ def _collect_target(matrix: Matrix, target: Target, index: int) -> list[Cell]:
     return collect_target(matrix, target, index)
 
 
+def _case_source_hash(matrix: Matrix, target: Target, ti: int,
+                      source_of: Callable[[str], bytes], hashes: dict[str, bytes]) -> bytes:
+    """The sha256 of the target's case module (read once per module, kept in ``hashes``);
+    a module that cannot be found is a :class:`SpecError` at the target's ``case``."""
+    module = target.case.split(":", 1)[0]
+    if module not in hashes:
+        try:
+            hashes[module] = hashlib.sha256(source_of(module)).digest()
+        except LookupError as exc:
+            line, column = target.case_at
+            file = target.where.rpartition(":")[0] or matrix.path
+            raise SpecError(
+                file, line, column, f"targets[{ti}].case",
+                f"case module of {target.case!r} not found: {exc}",
+                "a module on the matrix's pythonpath or sys.path",
+            ) from None
+    return hashes[module]
+
+
+def _choose(t: _Target, excludes: _Bucketed, includes: _Bucketed,
+            used_includes: set[int]) -> dict[_Combo, str | None]:
+    """Every combination of one target -> why it is excluded (None: it is a cell).
+
+    The product first, marked by the excludes; then what the includes add. Insertion
+    order is the output order; an include re-marks an excluded combination in place.
+    Records in ``used_includes`` each include that touched this target.
+    """
+    chosen: dict[_Combo, str | None] = {}
+    compiled = [
+        (c, k) for c in excludes.for_target(t.target.name)
+        if (k := t.compile(c)) is not None
+    ]
+    for combo in itertools.product(*t.own):
+        hit = next((c for c, k in compiled if _matches(k, combo)), None)
+        chosen[combo] = None if hit is None else f"{hit.label} ({hit.where})"
+    for clause in includes.for_target(t.target.name):
+        if t.compile(clause) is None:
+            continue
+        used_includes.add(id(clause))
+        for combo in itertools.product(*t.include_axes(clause)):
+            chosen[combo] = None
+    return chosen
+
+
 def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None,
            collect: Collect | None = None) -> Expansion:
     """Expand ``matrix`` into its ordered cells and the combinations it left out.
@@ -245,38 +289,9 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None,
         if target.pytest:
             cells.extend((collect or _collect_target)(matrix, target, ti))
             continue
-        module = target.case.split(":", 1)[0]
-        if module not in source_hashes:
-            try:
-                source_hashes[module] = hashlib.sha256(source_of(module)).digest()
-            except LookupError as exc:
-                line, column = target.case_at
-                file = target.where.rpartition(":")[0] or matrix.path
-                raise SpecError(
-                    file, line, column, f"targets[{ti}].case",
-                    f"case module of {target.case!r} not found: {exc}",
-                    "a module on the matrix's pythonpath or sys.path",
-                ) from None
-        source_hash = source_hashes[module]
+        source_hash = _case_source_hash(matrix, target, ti, source_of, source_hashes)
         t = _Target(matrix, target)
-
-        # Combination -> why it is excluded (None: it is a cell). Insertion order is
-        # the output order; an include re-marks an excluded combination in place.
-        chosen: dict[_Combo, str | None] = {}
-        compiled = [
-            (c, k) for c in excludes.for_target(target.name)
-            if (k := t.compile(c)) is not None
-        ]
-        for combo in itertools.product(*t.own):
-            hit = next((c for c, k in compiled if _matches(k, combo)), None)
-            chosen[combo] = None if hit is None else f"{hit.label} ({hit.where})"
-        for clause in includes.for_target(target.name):
-            if t.compile(clause) is None:
-                continue
-            used_includes.add(id(clause))
-            for combo in itertools.product(*t.include_axes(clause)):
-                chosen[combo] = None
-
+        chosen = _choose(t, excludes, includes, used_includes)
         for combo, reason in chosen.items():
             platform, mesh, dtype, autocast, path = combo[:5]
             params = tuple(

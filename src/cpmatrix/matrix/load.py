@@ -191,32 +191,12 @@ def _target(
     level_node = fields["level"][1]
     level = axis_value(ctx, "level", ctx.scalar(level_node, f"{path}.level"), level_node,
                         f"{path}.level")
-    kind = "pytest" if pytest else "parity"
-    if "kind" in fields:
-        kind_node = fields["kind"][1]
-        kind = ctx.string(kind_node, f"{path}.kind")
-        if kind not in KINDS:
-            raise ctx.error(kind_node, f"{path}.kind", f"unknown kind {kind!r}", ", ".join(KINDS))
-        if kind == "pytest" and not pytest:
-            raise ctx.error(kind_node, f"{path}.kind", "a kind: pytest target names its tests "
-                            "with 'pytest:' (a file, folder or node id), not 'case:'")
-    tags: list[str] = []
-    if "tags" in fields:
-        for value, item, ipath in ctx.scalar_list(fields["tags"][1], f"{path}.tags"):
-            if not isinstance(value, str) or not NAME_RE.match(value):
-                raise ctx.error(item, ipath, f"bad tag {value!r}", "letters, digits and _")
-            tags.append(value)
+    kind = _kind(ctx, fields, path, pytest)
+    tags = _tags(ctx, fields, path)
     timeout_s = 300
     if "timeout" in fields:
         timeout_s = _timeout(ctx, fields["timeout"][1], f"{path}.timeout")
-    target_platforms: list[str] = []
-    if "platforms" in fields:
-        for value, item, ipath in ctx.scalar_list(fields["platforms"][1], f"{path}.platforms"):
-            if value not in platforms:
-                raise ctx.error(item, ipath, f"unknown platform {value!r}", ", ".join(platforms))
-            if value in target_platforms:
-                raise ctx.error(item, ipath, f"duplicate platform {value!r}")
-            target_platforms.append(str(value))
+    target_platforms = _platforms_of_target(ctx, fields, path, platforms)
     axes = dict(defaults)
     if "axes" in fields:
         apath = f"{path}.axes"
@@ -225,49 +205,17 @@ def _target(
             axes[key] = axis_list(ctx, key, value_node, f"{apath}.{key}")
     params: list[tuple[str, tuple[Scalar, ...]]] = []
     if "params" in fields:
-        ppath = f"{path}.params"
-        for key, key_node, value_node in ctx.mapping(fields["params"][1], ppath, None):
-            kpath = f"{ppath}.{key}"
-            if not NAME_RE.match(key) or key in ALLOWED_KEYS["clause"]:
-                raise ctx.error(
-                    key_node, kpath, f"bad extra-axis name {key!r}",
-                    "letters, digits and _, not a standard axis, 'target' or 'platform'",
-                )
-            values: list[Scalar] = []
-            rendered: list[str] = []
-            for value, item, ipath in ctx.scalar_list(value_node, kpath):
-                text = render(value)
-                if not VALUE_RE.match(text):
-                    raise ctx.error(
-                        item, ipath, f"value {value!r} cannot appear in a cell id",
-                        "letters, digits, '_', '.', '+' and '-'",
-                    )
-                if text in rendered:
-                    raise ctx.error(item, ipath, f"duplicate value {value!r} (as {text!r})")
-                values.append(value)
-                rendered.append(text)
-            params.append((key, tuple(values)))
+        params = _extra_axes(ctx, fields["params"][1], f"{path}.params")
     description = ""
     if "description" in fields:
         description = ctx.string(fields["description"][1], f"{path}.description")
-    spill: SpillBlock | None = None
-    if kind == "spill":
-        if "spill" not in fields:
-            raise ctx.error(node, path, "a kind: spill target needs a 'spill' block",
-                            ", ".join(ALLOWED_KEYS["target.spill"]))
-        for key in ("axes", "params"):
-            if key in fields:
-                raise ctx.error(fields[key][0], f"{path}.{key}",
-                                f"a spill target takes no {key!r}: its cells are one per "
-                                "(config, arch) of its 'spill' block")
-        spill = spill_block(ctx, fields["spill"][1], f"{path}.spill")
+    spill = _spill_of_target(ctx, node, path, fields, kind)
+    if spill is not None:
+        # A spill target's cells are one per (config, arch) of its block.
         axes = {"mesh": ("1x1",), "dtype": ("fp32",), "autocast": ("off",),
                 "path": ("kernel",)}
         params = [("config", tuple(name for name, _ in spill.configs)),
                   ("arch", spill.archs)]
-    elif "spill" in fields:
-        raise ctx.error(fields["spill"][0], f"{path}.spill",
-                        "a 'spill' block needs kind: spill")
     if pytest:
         # One cell per collected test and world: the mesh comes from each test.
         axes = dict(_BUILTIN_DEFAULTS)
@@ -287,6 +235,97 @@ def _target(
         spill=spill,
         pytest=pytest,
     )
+
+
+def _kind(ctx: SpecReader, fields: dict[str, tuple[yaml.Node, yaml.Node]], path: str,
+          pytest: tuple[str, ...]) -> str:
+    """The target's ``kind``: given and known, or ``pytest``/``parity`` by its keys."""
+    kind = "pytest" if pytest else "parity"
+    if "kind" in fields:
+        kind_node = fields["kind"][1]
+        kind = ctx.string(kind_node, f"{path}.kind")
+        if kind not in KINDS:
+            raise ctx.error(kind_node, f"{path}.kind", f"unknown kind {kind!r}", ", ".join(KINDS))
+        if kind == "pytest" and not pytest:
+            raise ctx.error(kind_node, f"{path}.kind", "a kind: pytest target names its tests "
+                            "with 'pytest:' (a file, folder or node id), not 'case:'")
+    return kind
+
+
+def _tags(ctx: SpecReader, fields: dict[str, tuple[yaml.Node, yaml.Node]],
+          path: str) -> list[str]:
+    """The target's ``tags``: names (letters, digits and ``_``)."""
+    tags: list[str] = []
+    if "tags" in fields:
+        for value, item, ipath in ctx.scalar_list(fields["tags"][1], f"{path}.tags"):
+            if not isinstance(value, str) or not NAME_RE.match(value):
+                raise ctx.error(item, ipath, f"bad tag {value!r}", "letters, digits and _")
+            tags.append(value)
+    return tags
+
+
+def _platforms_of_target(ctx: SpecReader, fields: dict[str, tuple[yaml.Node, yaml.Node]],
+                         path: str, platforms: tuple[str, ...]) -> list[str]:
+    """The target's ``platforms``: declared ones, each once (empty: every platform)."""
+    target_platforms: list[str] = []
+    if "platforms" in fields:
+        for value, item, ipath in ctx.scalar_list(fields["platforms"][1], f"{path}.platforms"):
+            if value not in platforms:
+                raise ctx.error(item, ipath, f"unknown platform {value!r}", ", ".join(platforms))
+            if value in target_platforms:
+                raise ctx.error(item, ipath, f"duplicate platform {value!r}")
+            target_platforms.append(str(value))
+    return target_platforms
+
+
+def _extra_axes(ctx: SpecReader, node: yaml.Node,
+                ppath: str) -> list[tuple[str, tuple[Scalar, ...]]]:
+    """The target's ``params`` (its extra axes): each name and its values, which must
+    fit in a cell id and differ as text."""
+    params: list[tuple[str, tuple[Scalar, ...]]] = []
+    for key, key_node, value_node in ctx.mapping(node, ppath, None):
+        kpath = f"{ppath}.{key}"
+        if not NAME_RE.match(key) or key in ALLOWED_KEYS["clause"]:
+            raise ctx.error(
+                key_node, kpath, f"bad extra-axis name {key!r}",
+                "letters, digits and _, not a standard axis, 'target' or 'platform'",
+            )
+        values: list[Scalar] = []
+        rendered: list[str] = []
+        for value, item, ipath in ctx.scalar_list(value_node, kpath):
+            text = render(value)
+            if not VALUE_RE.match(text):
+                raise ctx.error(
+                    item, ipath, f"value {value!r} cannot appear in a cell id",
+                    "letters, digits, '_', '.', '+' and '-'",
+                )
+            if text in rendered:
+                raise ctx.error(item, ipath, f"duplicate value {value!r} (as {text!r})")
+            values.append(value)
+            rendered.append(text)
+        params.append((key, tuple(values)))
+    return params
+
+
+def _spill_of_target(ctx: SpecReader, node: yaml.Node, path: str,
+                     fields: dict[str, tuple[yaml.Node, yaml.Node]],
+                     kind: str) -> SpillBlock | None:
+    """A ``kind: spill`` target's ``spill`` block (it takes no axes or params); None for
+    any other kind, which may not have one."""
+    if kind == "spill":
+        if "spill" not in fields:
+            raise ctx.error(node, path, "a kind: spill target needs a 'spill' block",
+                            ", ".join(ALLOWED_KEYS["target.spill"]))
+        for key in ("axes", "params"):
+            if key in fields:
+                raise ctx.error(fields[key][0], f"{path}.{key}",
+                                f"a spill target takes no {key!r}: its cells are one per "
+                                "(config, arch) of its 'spill' block")
+        return spill_block(ctx, fields["spill"][1], f"{path}.spill")
+    if "spill" in fields:
+        raise ctx.error(fields["spill"][0], f"{path}.spill",
+                        "a 'spill' block needs kind: spill")
+    return None
 
 
 def _pytest_fields(ctx: SpecReader, node: yaml.Node, path: str,

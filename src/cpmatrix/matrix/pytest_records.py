@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix.fsutil import read_json
+from cpmatrix.layout import rank_dir
 from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, is_own, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
@@ -33,7 +34,7 @@ def load(cell_dir: Path, size: int, nodeid: str | None = None) -> dict[int, dict
     out: dict[int, dict[str, Any]] = {}
     for r in range(size):
         try:
-            data = read_json(cell_dir / f"rank{r}" / REPORTS_FILE)
+            data = read_json(rank_dir(cell_dir, r) / REPORTS_FILE)
         except (OSError, ValueError):
             continue
         if not isinstance(data, dict) or not isinstance(data.get("phases"), list):

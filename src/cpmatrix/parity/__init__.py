@@ -62,6 +62,7 @@ from cpmatrix.parity.dtypes import (
 )
 from cpmatrix.parity.errors import (
     CHECKS,
+    Check,
     DtypePathError,
     EntropyError,
     MismatchError,
@@ -87,6 +88,7 @@ __all__ = [
     "CHECKS",
     "FEATURES",
     "TOLERANCE_TABLE",
+    "Check",
     "CheckOutcome",
     "Diff",
     "DtypePathError",

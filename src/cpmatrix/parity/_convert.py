@@ -12,7 +12,8 @@ was left alone is evidence.
 Torch reports a discarded imaginary part only with a warning, once per process
 (``TORCH_WARN_ONCE``): :func:`recording_warnings` makes such warnings fire every time while
 a check prepares and runs the two sides, and keeps them for the report;
-:func:`warning_outcome` fails ``setup`` on one that discarded an imaginary part.
+:func:`warning_outcome` fails ``setup`` on one that discarded an imaginary part
+(:func:`record_warnings` records that verdict and the warnings as evidence).
 
 Private: cases use :mod:`cpmatrix.parity`'s public names only.
 
@@ -32,16 +33,21 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cpmatrix.parity.errors import Check
 from cpmatrix.parity.verdict import CheckOutcome
+
+if TYPE_CHECKING:
+    from cpmatrix.parity._verdicts import Verdicts
 
 __all__ = [
     "DISCARDED_IMAGINARY",
     "complex_of",
     "convert_module",
+    "record_warnings",
     "recording_warnings",
     "target_dtype",
     "warning_outcome",
@@ -139,3 +145,11 @@ def warning_outcome(sink: list[str]) -> CheckOutcome:
     out.summary = " | ".join(f"{t.splitlines()[0] if t else t}" + (f" ({n}x)" if n > 1 else "")
                              for t, n in counts.items())
     return out
+
+
+def record_warnings(verdicts: Verdicts, sink: list[str]) -> None:
+    """Record the warnings either side raised: ``setup``'s verdict on them and, when there
+    were any, their summary as the ``warnings`` evidence."""
+    verdicts.add(Check.SETUP, warning_outcome(sink))
+    if sink:
+        verdicts.evidence["warnings"] = warning_outcome(sink).summary

@@ -15,7 +15,7 @@ import torch
 from cpmatrix.parity.compare import flatten, to_full
 from cpmatrix.parity.data import FeatureBatch, distribute
 from cpmatrix.parity.dtypes import storage_dtype
-from cpmatrix.parity.errors import ParityError
+from cpmatrix.parity.errors import Check, ParityError
 from cpmatrix.parity.verdict import is_dtensor
 
 __all__ = [
@@ -107,7 +107,7 @@ def draw(
 def find_batch(inputs: Mapping[str, Any]) -> FeatureBatch | None:
     batches = [v for v in inputs.values() if isinstance(v, FeatureBatch)]
     if len(batches) > 1:
-        raise ParityError("setup", "at most one FeatureBatch among the inputs")
+        raise ParityError(Check.SETUP, "at most one FeatureBatch among the inputs")
     return batches[0] if batches else None
 
 
@@ -117,7 +117,7 @@ def _sub_mesh(cell: Any, name: str, places: Mapping[str, Any]) -> tuple[Any, lis
     unknown = [d for d in places if d not in known]
     if unknown or not places:
         raise ParityError(
-            "setup", f"input {name!r}: placements over mesh dims {list(places)}; the cell's "
+            Check.SETUP, f"input {name!r}: placements over mesh dims {list(places)}; the cell's "
                      f"mesh has {list(known)}"
         )
     dims = tuple(places)
@@ -191,7 +191,7 @@ def materialize(
         known.update(_paths(value, name) if not isinstance(value, FeatureBatch) else [name])
     unknown = sorted(set(placements) - known)
     if unknown:
-        raise ParityError("setup", f"placements for unknown inputs {unknown} "
+        raise ParityError(Check.SETUP, f"placements for unknown inputs {unknown} "
                                    f"(inputs and their parts: {sorted(known)})")
     out = Inputs(batch=find_batch(inputs))
     for name, value in inputs.items():
@@ -230,7 +230,7 @@ def _leaf(
     laid_out = any(isinstance(a, str) for a in value.shape)
     if laid_out and out.batch is None:
         raise ParityError(
-            "setup",
+            Check.SETUP,
             f"input {name!r} has symbolic axes {value.shape} but "
             f"no FeatureBatch is among the inputs",
         )
@@ -252,7 +252,7 @@ def _leaf(
         cp: Any = serial.detach().clone()
     elif isinstance(places, Mapping):
         if laid_out:
-            raise ParityError("setup", f"input {name!r}: symbolic axes are laid out over "
+            raise ParityError(Check.SETUP, f"input {name!r}: symbolic axes are laid out over "
                                        f"the cell's whole mesh, not over {list(places)}")
         cp = distribute(serial, *_sub_mesh(cell, name, places))
     elif laid_out and out.batch is not None:
@@ -299,11 +299,13 @@ def output_axes_map(
         unknown = sorted(set(output_axes) - set(leaves))
         if unknown:
             raise ParityError(
-                "setup", f"output_axes for unknown outputs {unknown} (outputs: {sorted(leaves)})"
+                Check.SETUP,
+                f"output_axes for unknown outputs {unknown} (outputs: {sorted(leaves)})"
             )
         return {k: tuple(v) for k, v in output_axes.items()}
     if len(leaves) != 1:
-        raise ParityError("setup", f"output_axes as a tuple needs one output, got {sorted(leaves)}")
+        raise ParityError(Check.SETUP,
+                          f"output_axes as a tuple needs one output, got {sorted(leaves)}")
     return {next(iter(leaves)): tuple(output_axes)}
 
 
@@ -313,5 +315,5 @@ def serial_layout(ins: Inputs, value: Any, axes: Axes | None) -> Any:
     if axes is None or full is None:
         return full
     if ins.batch is None:
-        raise ParityError("setup", "output/input axes need a FeatureBatch among the inputs")
+        raise ParityError(Check.SETUP, "output/input axes need a FeatureBatch among the inputs")
     return ins.batch.to_serial(full, axes)

@@ -7,6 +7,8 @@
 - :func:`run_cp` - the CP forward; an exception of it stays the model's own, with a note
   when an input went in with the default placement (a replicated DTensor) that the model
   may not expect (integer token ids for a TP plan that distributes them itself).
+- :func:`check_sharding_active` - the CP step's inputs, outputs, sharded parameters and
+  buffers, and the activations the case declares: at least one must be sharded.
 - :func:`shape_mismatches` - a CP output of the wrong shape fails ``output`` in one line,
   and no grad_output fits it: the grad checks are skipped with that reason instead of
   listing every parameter grad as missing.
@@ -23,15 +25,17 @@ from typing import Any
 
 import torch
 
-from cpmatrix.parity._inputs import Axes, Inputs, default_placement_note
+from cpmatrix.parity._inputs import Axes, Inputs, default_placement_note, tensors_of
 from cpmatrix.parity._twin import Twin
 from cpmatrix.parity._verdicts import Verdicts
-from cpmatrix.parity.errors import ParityError
+from cpmatrix.parity._weights import sharded_state
+from cpmatrix.parity.errors import Check, ParityError
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = [
     "ContextFactory",
     "EnterStep",
+    "check_sharding_active",
     "cp_context",
     "run_cp",
     "shape_mismatches",
@@ -74,7 +78,7 @@ def cp_context(context: Any) -> EnterStep:
     if context is None:
         return lambda _inputs: contextlib.nullcontext()
     if not callable(context):
-        raise ParityError("setup", f"context must be a factory of a context manager, called "
+        raise ParityError(Check.SETUP, f"context must be a factory of a context manager, called "
                                    f"once per CP step (context=loss_parallel, not "
                                    f"context=loss_parallel()); got a {type(context).__name__}")
 
@@ -83,7 +87,7 @@ def cp_context(context: Any) -> EnterStep:
     def enter(inputs: Mapping[str, Any]) -> contextlib.AbstractContextManager[Any]:
         made = context(inputs) if with_inputs else context()
         if not (hasattr(made, "__enter__") and hasattr(made, "__exit__")):
-            raise ParityError("setup", f"context() must return a context manager, got a "
+            raise ParityError(Check.SETUP, f"context() must return a context manager, got a "
                                        f"{type(made).__name__}")
         return made  # type: ignore[no-any-return]
 
@@ -98,6 +102,24 @@ def run_cp(cp: Any, ins: Inputs) -> Any:
         if ins.defaulted:
             exc.add_note(default_placement_note(ins.defaulted))
         raise
+
+
+def check_sharding_active(
+    cell: Any, verdicts: Verdicts, ins: Inputs, c_leaves: Mapping[str, Any], cp: Any,
+    cp_params: Mapping[str, torch.Tensor], activations: Callable[[], Mapping[str, Any]] | None,
+) -> None:
+    """``sharding_active`` over what the CP step touched: its inputs and outputs, the CP
+    module's sharded parameters and buffers, and what ``activations()`` declares."""
+    declared = dict(activations()) if activations is not None else {}
+    verdicts.check_sharding(
+        {
+            **tensors_of(ins.cp, "input "),
+            **tensors_of(c_leaves, ""),
+            **sharded_state(cp, cp_params),
+            **tensors_of(declared, "activation "),
+        },
+        cell.mesh,
+    )
 
 
 def shape_mismatches(
@@ -126,7 +148,7 @@ def skip_grads_for_shapes(verdicts: Verdicts, shapes: list[str]) -> None:
     as missing."""
     why = (f"no CP backward ran: the CP output's shape is wrong ({'; '.join(shapes)}), "
            f"so no grad_output fits it (see output)")
-    for check in ("input_grad", "param_grad", "buffer"):
+    for check in (Check.INPUT_GRAD, Check.PARAM_GRAD, Check.BUFFER):
         verdicts.skipped[check] = why
 
 

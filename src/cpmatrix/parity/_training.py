@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from cpmatrix.parity._convert import recording_warnings, warning_outcome
+from cpmatrix.parity._convert import record_warnings, recording_warnings
 from cpmatrix.parity._inputs import (
     Axes,
     Inputs,
@@ -23,7 +23,7 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
-from cpmatrix.parity._step import EnterStep, run_cp, twin_line
+from cpmatrix.parity._step import EnterStep, check_sharding_active, run_cp, twin_line
 from cpmatrix.parity._twin import Twin, make_twin, outputs_of, upcast_inputs
 from cpmatrix.parity._verdicts import (
     ParityReport,
@@ -39,7 +39,6 @@ from cpmatrix.parity._weights import (
     named_buffers,
     named_params,
     perturbed_line,
-    sharded_state,
 )
 from cpmatrix.parity.checks import (
     CheckOutcome,
@@ -48,7 +47,7 @@ from cpmatrix.parity.checks import (
 )
 from cpmatrix.parity.compare import compare_named, flatten, to_full
 from cpmatrix.parity.dtypes import autocast_ctx
-from cpmatrix.parity.errors import ParityError, odd_input_fails
+from cpmatrix.parity.errors import Check, ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = ["OptimizerFactory", "run_training"]
@@ -80,14 +79,14 @@ def run_training(
     cells). The CP side's forward, loss and backward run inside ``enter()``; its optimizer
     step outside, as a training loop runs them."""
     if not (isinstance(serial, torch.nn.Module) and isinstance(cp, torch.nn.Module)):
-        raise ParityError("setup", "the workflow level (optimizer=...) needs two nn.Modules")
+        raise ParityError(Check.SETUP, "the workflow level (optimizer=...) needs two nn.Modules")
     warns: list[str] = []
     with recording_warnings(warns):
         cp, perturbed, weights = load_modules(
             cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp)
-        verdicts.add("setup", weights)
+        verdicts.add(Check.SETUP, weights)
         twin = make_twin(serial) if tol.twin is not None else Twin(why="fixed")
-        verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
+        verdicts.lines.setdefault(Check.NONZERO, []).append(perturbed_line(perturbed, perturb))
         s_params, c_params = named_params(serial), named_params(cp)
         check_same_names("parameters", s_params, c_params)
         t_params = named_params(twin.module) if twin.ok else {}
@@ -100,52 +99,19 @@ def run_training(
             t_opt = optimizer(twin.module.parameters()) if twin.ok else None
         losses: dict[str, tuple[Any, ...]] = {}
         for step in range(steps):
-            with odd_input_fails("setup"):
+            with odd_input_fails(Check.SETUP):
                 ins = materialize(cell, inputs, placements)
             t_ins, _ = upcast_inputs(ins.serial, []) if twin.ok else ({}, {})
-            with autocast_ctx(cell):
-                s_out = serial(**ins.serial)
-            s_leaves = dict(flatten(s_out))
-            with odd_input_fails("setup"):
-                axes_of = output_axes_map(output_axes, s_leaves)
-            proj = _projections(cell, s_leaves) if loss is None else {}
-            s_loss = _loss(s_out, s_leaves, proj, loss)
-            if step == 0:
-                verdicts.add("nonzero", _uniform_grad_problems(s_loss, s_leaves))
-            s_opt.zero_grad(set_to_none=True)
-            torch.autograd.backward([s_loss])
-            with enter(ins.cp):  # the CP side's forward, loss and backward
-                with autocast_ctx(cell):
-                    c_out = run_cp(cp, ins)
-                c_leaves = dict(flatten(c_out))
-                check_same_names("outputs", s_leaves, c_leaves)
-                with odd_input_fails("loss"):
-                    c_laid = {n: serial_layout(ins, c_leaves[n], axes_of.get(n)) for n in proj}
-                c_loss = to_full(_loss(c_out, c_laid, proj, loss))
-                c_opt.zero_grad(set_to_none=True)
-                torch.autograd.backward([c_loss])
-            t_out: dict[str, Any] = {}
-            t_loss: Any = None
-            with twin.running():
-                if twin.ok:
-                    raw = twin.module(**t_ins)
-                    t_out = outputs_of(raw)
-                    t_loss = _loss(raw, t_out, proj, loss)
-                    assert t_opt is not None
-                    t_opt.zero_grad(set_to_none=True)
-                    torch.autograd.backward([t_loss])
+            s_leaves, axes_of, proj, s_loss = _serial_step(
+                cell, serial, ins, output_axes, loss, s_opt, verdicts, first=step == 0)
+            c_leaves, c_loss = _cp_step(cell, cp, ins, enter, s_leaves, axes_of, proj, loss,
+                                        c_opt)
+            t_out, t_loss = _twin_step(twin, t_ins, proj, loss, t_opt)
             if step == 0:
                 _first_step(cell, verdicts, ins, s_leaves, c_leaves, axes_of, tol, twin,
                             t_out, activations, cp, c_params)
-                check_param_grads(verdicts, s_params, c_params, tol, cell.mesh,
-                                  {n: p.grad for n, p in t_params.items()} if twin.ok else {})
-                verdicts.add(
-                    "nonzero",
-                    grad_problems(
-                        {f"grad {n}": p.grad for n, p in s_params.items()},
-                        allow_zero=allow_zero,
-                    ),
-                )
+                _first_step_grads(cell, verdicts, s_params, c_params, t_params, tol, twin,
+                                  allow_zero)
             losses[f"loss[{step}]"] = (
                 c_loss.detach(), s_loss.detach(),
                 t_loss.detach() if twin.ok and t_loss is not None else None)
@@ -156,35 +122,111 @@ def run_training(
                     t_opt.step()
             check_buffers(verdicts, named_buffers(serial), named_buffers(cp), tol,
                           named_buffers(twin.module) if twin.ok else {}, when=f"step {step}")
-    verdicts.add("setup", warning_outcome(warns))
-    if warns:
-        verdicts.evidence["warnings"] = warning_outcome(warns).summary
+    record_warnings(verdicts, warns)
     verdicts.evidence["twin"] = twin_line(tol, twin)
     if not twin.ok:
         losses = {n: v[:2] for n, v in losses.items()}
-    verdicts.add_diffs("loss", compare_named(losses, tol), tol)
+    verdicts.add_diffs(Check.LOSS, compare_named(losses, tol), tol)
+    _check_weight_deltas(cell, verdicts, tol, twin, (s_params, c_params, t_params),
+                         (s_before, c_before, t_before), allow_zero)
+    verdicts.lines.setdefault(Check.LOSS, []).append(
+        "losses " + ", ".join(f"{float(v[1]):.6g}" for v in losses.values())
+    )
+    return finish(cell, verdicts, tol, perturbed)
+
+
+#: The serial, CP and twin sides' parameters by name (the twin's empty without a twin).
+_Weights = tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor],
+                 Mapping[str, torch.Tensor]]
+
+
+def _check_weight_deltas(cell: Any, verdicts: Verdicts, tol: Tolerance, twin: Twin,
+                         params: _Weights, before: _Weights,
+                         allow_zero: Mapping[str, str]) -> None:
+    """After the last step: each parameter's change (serial, CP, twin ``params`` against
+    their values ``before`` the first step) compared, non-zero, and alike on every replica.
+    """
+    s_params, c_params, t_params = params
+    s_before, c_before, t_before = before
     s_delta = {n: p.detach() - s_before[n] for n, p in s_params.items()}
     c_delta = {n: to_full(p.detach()) - c_before[n] for n, p in c_params.items()}
     t_delta = ({n: p.detach() - t_before[n] for n, p in t_params.items()}
                if twin.ok else {})
     verdicts.add_diffs(
-        "weight_delta",
+        Check.WEIGHT_DELTA,
         compare_named({n: (c_delta[n], d, t_delta.get(n)) for n, d in s_delta.items()}, tol),
         tol,
     )
     verdicts.add(
-        "nonzero",
+        Check.NONZERO,
         grad_problems({f"delta {n}": d for n, d in s_delta.items()}, allow_zero=allow_zero),
     )
     # replicas that drifted apart are weight deltas that differ across ranks
     verdicts.add(
-        "weight_delta",
+        Check.WEIGHT_DELTA,
         replicated_problems({f"param {n}": p for n, p in c_params.items()}, cell.mesh),
     )
-    verdicts.lines.setdefault("loss", []).append(
-        "losses " + ", ".join(f"{float(v[1]):.6g}" for v in losses.values())
-    )
-    return finish(cell, verdicts, tol, perturbed)
+
+
+def _serial_step(
+    cell: Any, serial: Any, ins: Inputs, output_axes: Mapping[str, Axes] | Axes | None,
+    loss: LossFn | None, s_opt: torch.optim.Optimizer, verdicts: Verdicts, *, first: bool,
+) -> tuple[dict[str, Any], dict[str, Axes], dict[str, torch.Tensor], torch.Tensor]:
+    """The serial side's forward, loss and backward of one step; its outputs by name,
+    their axes, the step's random projections (drawn here: the loss when ``loss`` is
+    None) and its loss. On the ``first`` step, also checks the loss's grad is not uniform.
+    """
+    with autocast_ctx(cell):
+        s_out = serial(**ins.serial)
+    s_leaves = dict(flatten(s_out))
+    with odd_input_fails(Check.SETUP):
+        axes_of = output_axes_map(output_axes, s_leaves)
+    proj = _projections(cell, s_leaves) if loss is None else {}
+    s_loss = _loss(s_out, s_leaves, proj, loss)
+    if first:
+        verdicts.add(Check.NONZERO, _uniform_grad_problems(s_loss, s_leaves))
+    s_opt.zero_grad(set_to_none=True)
+    torch.autograd.backward([s_loss])
+    return s_leaves, axes_of, proj, s_loss
+
+
+def _cp_step(
+    cell: Any, cp: Any, ins: Inputs, enter: EnterStep, s_leaves: Mapping[str, Any],
+    axes_of: Mapping[str, Axes], proj: Mapping[str, torch.Tensor], loss: LossFn | None,
+    c_opt: torch.optim.Optimizer,
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """The CP side's forward, loss and backward of one step, inside ``enter()`` (its
+    optimizer step follows outside it); its outputs by name and its loss."""
+    with enter(ins.cp):
+        with autocast_ctx(cell):
+            c_out = run_cp(cp, ins)
+        c_leaves = dict(flatten(c_out))
+        check_same_names("outputs", s_leaves, c_leaves)
+        with odd_input_fails(Check.LOSS):
+            c_laid = {n: serial_layout(ins, c_leaves[n], axes_of.get(n)) for n in proj}
+        c_loss = to_full(_loss(c_out, c_laid, proj, loss))
+        c_opt.zero_grad(set_to_none=True)
+        torch.autograd.backward([c_loss])
+    return c_leaves, c_loss
+
+
+def _twin_step(
+    twin: Twin, t_ins: Mapping[str, Any], proj: Mapping[str, torch.Tensor],
+    loss: LossFn | None, t_opt: torch.optim.Optimizer | None,
+) -> tuple[dict[str, Any], Any]:
+    """The fp64 twin's forward, loss and backward of one step (nothing without a twin);
+    its outputs by name and its loss."""
+    t_out: dict[str, Any] = {}
+    t_loss: Any = None
+    with twin.running():
+        if twin.ok:
+            raw = twin.module(**t_ins)
+            t_out = outputs_of(raw)
+            t_loss = _loss(raw, t_out, proj, loss)
+            assert t_opt is not None
+            t_opt.zero_grad(set_to_none=True)
+            torch.autograd.backward([t_loss])
+    return t_out, t_loss
 
 
 def _projections(cell: Any, s_leaves: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -217,24 +259,33 @@ def _first_step(
 ) -> None:
     """Step 0's inputs, sharding and outputs (the later steps' are the same kind)."""
     verdicts.add(
-        "replicated_identical",
+        Check.REPLICATED_IDENTICAL,
         replicated_problems(tensors_of(ins.serial, "input "), cell.mesh),
     )
-    declared = dict(activations()) if activations is not None else {}
-    verdicts.check_sharding(
-        {
-            **tensors_of(ins.cp, "input "),
-            **tensors_of(c_leaves, ""),
-            **sharded_state(cp, c_params),
-            **tensors_of(declared, "activation "),
-        },
-        cell.mesh,
-    )
-    with odd_input_fails("output"):
+    check_sharding_active(cell, verdicts, ins, c_leaves, cp, c_params, activations)
+    with odd_input_fails(Check.OUTPUT):
         outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s,
                        t_out.get(n) if twin.ok else None)
                    for n, s in s_leaves.items()}
-    verdicts.add_diffs("output", compare_named(outputs, tol), tol)
+    verdicts.add_diffs(Check.OUTPUT, compare_named(outputs, tol), tol)
+
+
+def _first_step_grads(
+    cell: Any, verdicts: Verdicts, s_params: Mapping[str, torch.Tensor],
+    c_params: Mapping[str, torch.Tensor], t_params: Mapping[str, torch.Tensor],
+    tol: Tolerance, twin: Twin, allow_zero: Mapping[str, str],
+) -> None:
+    """Step 0's parameter grads: CP against serial (and the twin's), serial ones non-zero
+    (later steps' grads show in the weight deltas)."""
+    check_param_grads(verdicts, s_params, c_params, tol, cell.mesh,
+                      {n: p.grad for n, p in t_params.items()} if twin.ok else {})
+    verdicts.add(
+        Check.NONZERO,
+        grad_problems(
+            {f"grad {n}": p.grad for n, p in s_params.items()},
+            allow_zero=allow_zero,
+        ),
+    )
 
 
 def _uniform_grad_problems(loss: torch.Tensor, leaves: Mapping[str, Any]) -> CheckOutcome:

@@ -22,6 +22,7 @@ from cpmatrix.parity.checks import (
 from cpmatrix.parity.compare import Diff, compare_named, format_diffs
 from cpmatrix.parity.errors import (
     CHECKS,
+    Check,
     MismatchError,
     ParityError,
     ReplicationError,
@@ -48,16 +49,16 @@ def mesh_sizes(mesh: Any) -> dict[str, int]:
                   (f"dim{i}" for i in range(mesh.ndim)))
     return {name: int(mesh.size(i)) for i, name in enumerate(names)}
 
-_ERROR_FOR = {
-    "replicated_identical": ReplicationError,
-    "sharding_active": VacuousError,
-    "nonzero": VacuousError,
-    "output": MismatchError,
-    "input_grad": MismatchError,
-    "param_grad": MismatchError,
-    "buffer": MismatchError,
-    "loss": MismatchError,
-    "weight_delta": MismatchError,
+_ERROR_FOR: dict[str, type[ParityError]] = {
+    Check.REPLICATED_IDENTICAL: ReplicationError,
+    Check.SHARDING_ACTIVE: VacuousError,
+    Check.NONZERO: VacuousError,
+    Check.OUTPUT: MismatchError,
+    Check.INPUT_GRAD: MismatchError,
+    Check.PARAM_GRAD: MismatchError,
+    Check.BUFFER: MismatchError,
+    Check.LOSS: MismatchError,
+    Check.WEIGHT_DELTA: MismatchError,
 }
 
 
@@ -116,19 +117,19 @@ class Verdicts:
 
     def check_placements(self, named: Mapping[str, Any], mesh: Any) -> None:
         """Every DTensor on a mesh derived from the cell's (check ``setup``)."""
-        with odd_input_fails("setup"):
+        with odd_input_fails(Check.SETUP):
             problems = placement_problems(named, mesh)
         if problems:
-            self.problems.setdefault("setup", []).extend(problems)
+            self.problems.setdefault(Check.SETUP, []).extend(problems)
 
 
     def check_sharding(self, named: Mapping[str, Any], mesh: Any) -> None:
         """``sharding_active`` over every value that can show it (inputs, outputs, sharded
         parameters and buffers, declared activations); records which were split over what."""
         self.check_placements(named, mesh)
-        with odd_input_fails("sharding_active"):
+        with odd_input_fails(Check.SHARDING_ACTIVE):
             outcome = sharding_problems(named, mesh)
-        self.add("sharding_active", outcome)
+        self.add(Check.SHARDING_ACTIVE, outcome)
         if outcome.summary:
             self.evidence["sharded"] = outcome.summary
 
@@ -144,12 +145,12 @@ def check_param_grads(
     grads = {n: p.grad for n, p in cp_params.items() if p.grad is not None}
     verdicts.check_placements({f"grad {n}": g for n, g in grads.items()}, mesh)
     verdicts.add_diffs(
-        "param_grad",
+        Check.PARAM_GRAD,
         compare_named({n: (cp_params[n].grad, p.grad, twin.get(n))
                        for n, p in serial_params.items()}, tol),
         tol,
     )
-    verdicts.add("param_grad", replicated_problems(grads, mesh))
+    verdicts.add(Check.PARAM_GRAD, replicated_problems(grads, mesh))
 
 
 def check_buffers(
@@ -162,16 +163,16 @@ def check_buffers(
     (``step 1: bn.running_mean``)."""
     twin = twin or {}
     if not serial and not cp:
-        verdicts.skipped.setdefault("buffer", "the model keeps no buffers")
+        verdicts.skipped.setdefault(Check.BUFFER, "the model keeps no buffers")
         return
     missing, extra = sorted(set(serial) - set(cp)), sorted(set(cp) - set(serial))
     if missing or extra:
-        verdicts.problems.setdefault("buffer", []).append(
+        verdicts.problems.setdefault(Check.BUFFER, []).append(
             f"buffers differ by name{when and ' ' + when}: only serial {missing}, "
             f"only CP {extra}")
     prefix = f"{when}: " if when else ""
     verdicts.add_diffs(
-        "buffer",
+        Check.BUFFER,
         compare_named({f"{prefix}{n}": (cp[n], b, twin.get(n))
                        for n, b in serial.items() if n in cp}, tol),
         tol,
@@ -262,6 +263,7 @@ def finish(cell: Any, verdicts: Verdicts, tol: Tolerance, perturbed: list[str]) 
         extra["failed"] = failed
     emit(cell, verdicts.label, verdicts, tol, extra)
     raise_if_failed(verdicts.label, verdicts.problems)
-    checks = {c: "; ".join(lines) for c, lines in verdicts.lines.items()}
-    checks.update({c: f"skipped: {why}" for c, why in verdicts.skipped.items()})
+    # Plain strings for keys (a Check member would show as <Check.X: 'x'> in a repr).
+    checks = {str(c): "; ".join(lines) for c, lines in verdicts.lines.items()}
+    checks.update({str(c): f"skipped: {why}" for c, why in verdicts.skipped.items()})
     return ParityReport(verdicts.label, tol, tuple(verdicts.diffs), checks, tuple(perturbed))

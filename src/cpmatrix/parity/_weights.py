@@ -14,7 +14,7 @@ from cpmatrix.parity._convert import convert_module
 from cpmatrix.parity.checks import CheckOutcome, perturb_degenerate_
 from cpmatrix.parity.compare import to_full
 from cpmatrix.parity.dtypes import storage_dtype
-from cpmatrix.parity.errors import ParityError
+from cpmatrix.parity.errors import Check, ParityError
 from cpmatrix.parity.verdict import is_dtensor
 
 __all__ = [
@@ -61,12 +61,12 @@ def load_modules(
     try:
         cp.load_state_dict(serial.state_dict(), strict=True)
     except RuntimeError as exc:
-        raise ParityError("setup", f"one state_dict must load into both sides: {exc}") from exc
+        raise ParityError(Check.SETUP, f"one state_dict must load into both sides: {exc}") from exc
     if prepare_cp is not None:
         cp = prepare_cp(cp, cell.mesh) or cp
     untied = tied_problems(serial, cp)
     if untied:
-        raise ParityError("setup", "; ".join(untied))
+        raise ParityError(Check.SETUP, "; ".join(untied))
     serial_params = dict(serial.named_parameters(remove_duplicate=False))
     for name, param in cp.named_parameters():
         ref = serial_params.get(name)
@@ -141,7 +141,8 @@ def sharded_state(module: Any, params: Mapping[str, torch.Tensor]) -> dict[str, 
 def check_same_names(what: str, serial: Mapping[str, Any], cp: Mapping[str, Any]) -> None:
     missing, extra = sorted(set(serial) - set(cp)), sorted(set(cp) - set(serial))
     if missing or extra:
-        raise ParityError("setup", f"{what} differ by name: only serial {missing}, only CP {extra}")
+        raise ParityError(Check.SETUP,
+                          f"{what} differ by name: only serial {missing}, only CP {extra}")
 
 
 def perturbed_line(perturbed: list[str], perturb: bool) -> str:

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import torch
 
-from cpmatrix.parity.errors import DtypePathError, odd_input_fails
+from cpmatrix.parity.errors import Check, DtypePathError, odd_input_fails
 
 __all__ = [
     "COMPUTE_OPS",
@@ -302,7 +302,7 @@ def assert_compute_dtype(
     With ``ops=True`` the matmul-like ops inside are checked (the truth, after autocast);
     without, the floating inputs. Returns evidence lines.
     """
-    with odd_input_fails("dtype_path"):
+    with odd_input_fails(Check.DTYPE_PATH):
         lines = []
         for event in _events(probe, name, require_recompute):
             seen = event.compute_dtypes() if probe.record_ops else set(event.inputs)
@@ -323,7 +323,7 @@ def assert_autocast_off(
     probe: DtypeProbe, name: str, dtype: torch.dtype, *, require_recompute: bool = False
 ) -> list[str]:
     """Autocast was off in every call of ``name`` and it computed in ``dtype``."""
-    with odd_input_fails("dtype_path"):
+    with odd_input_fails(Check.DTYPE_PATH):
         for event in _events(probe, name, require_recompute):
             if event.autocast:
                 raise DtypePathError(
@@ -342,7 +342,7 @@ def assert_autocast_on(
 ) -> list[str]:
     """Autocast was on in every call (recompute included) and matmul-like ops ran in the
     autocast dtype (for ``dtype`` inputs; see :func:`expected_compute_dtype`)."""
-    with odd_input_fails("dtype_path"):
+    with odd_input_fails(Check.DTYPE_PATH):
         events = _events(probe, name, require_recompute)
         for event in events:
             if not event.autocast:

@@ -11,15 +11,19 @@ Example::
     (True, 'param_grad', ('param_grad',))
     >>> check_of(err), check_of(ValueError("x"))
     ('param_grad', 'error:ValueError')
+    >>> Check.PARAM_GRAD == "param_grad", ParityError(Check.SETUP, "x").check
+    (True, 'setup')
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 
 __all__ = [
     "CHECKS",
+    "Check",
     "DtypePathError",
     "EntropyError",
     "MismatchError",
@@ -30,23 +34,32 @@ __all__ = [
     "check_of",
 ]
 
-#: The names ``ParityError.check`` takes, in the order :func:`~cpmatrix.parity.check_parity`
-#: runs them. The runtime shows them when it says which check killed a mutant.
-CHECKS: tuple[str, ...] = (
-    "tolerance",  # a loosened tolerance without a written reason
-    "setup",  # inputs/placements/state_dict do not fit together
-    "replicated_identical",  # a value that must be the same on every rank is not
-    "sharding_active",  # nothing is really sharded on a mesh with an axis > 1
-    "nonzero",  # output or gradients all zero / not finite: the comparison would be vacuous
-    "output",  # CP output vs serial output
-    "input_grad",  # every input's grad vs serial
-    "param_grad",  # every parameter's grad, by name, vs serial
-    "buffer",  # every buffer (running stats, RoPE tables), by name, vs serial
-    "loss",  # workflow: per-step loss vs serial
-    "weight_delta",  # workflow: parameter change after N optimizer steps vs serial
-    "rng_entropy",  # property: sharded draws disjoint, replicated draws identical
-    "dtype_path",  # property: the dtypes a Function/module really computes in
-)
+class Check(StrEnum):
+    """The names ``ParityError.check`` takes, in the order :func:`~cpmatrix.parity.check_parity`
+    runs them. The runtime shows them when it says which check killed a mutant.
+
+    A member equals its name's string (``Check.LOSS == "loss"``): the frozen modules
+    (``checks.py``, ``compare.py``, ``verdict.py``, ``tolerance.py``) spell them as literals.
+    """
+
+    TOLERANCE = "tolerance"  # a loosened tolerance without a written reason
+    SETUP = "setup"  # inputs/placements/state_dict do not fit together
+    #: A value that must be the same on every rank is not.
+    REPLICATED_IDENTICAL = "replicated_identical"
+    SHARDING_ACTIVE = "sharding_active"  # nothing is really sharded on a mesh with an axis > 1
+    NONZERO = "nonzero"  # output or gradients all zero / not finite: the comparison is vacuous
+    OUTPUT = "output"  # CP output vs serial output
+    INPUT_GRAD = "input_grad"  # every input's grad vs serial
+    PARAM_GRAD = "param_grad"  # every parameter's grad, by name, vs serial
+    BUFFER = "buffer"  # every buffer (running stats, RoPE tables), by name, vs serial
+    LOSS = "loss"  # workflow: per-step loss vs serial
+    WEIGHT_DELTA = "weight_delta"  # workflow: parameter change after N optimizer steps
+    RNG_ENTROPY = "rng_entropy"  # property: sharded draws disjoint, replicated draws identical
+    DTYPE_PATH = "dtype_path"  # property: the dtypes a Function/module really computes in
+
+
+#: Every :class:`Check`, in its order (the names as before the enum).
+CHECKS: tuple[str, ...] = tuple(c.value for c in Check)
 
 
 class ParityError(AssertionError):
@@ -54,15 +67,16 @@ class ParityError(AssertionError):
 
     def __init__(self, check: str, message: str, *, failed: Sequence[str] | None = None) -> None:
         super().__init__(message)
-        self.check = check
-        self.failed: tuple[str, ...] = tuple(failed) if failed else (check,)
+        # Plain strings (a Check member's value): what a result and a report carry.
+        self.check = str(check)
+        self.failed: tuple[str, ...] = tuple(map(str, failed)) if failed else (self.check,)
 
 
 class ToleranceError(ParityError):
     """A tolerance looser than the table's row without a written reason."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("tolerance", message)
+        super().__init__(Check.TOLERANCE, message)
 
 
 class MismatchError(ParityError):
@@ -81,14 +95,14 @@ class EntropyError(ParityError):
     """An RNG entropy property is violated or was not exercised."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("rng_entropy", message)
+        super().__init__(Check.RNG_ENTROPY, message)
 
 
 class DtypePathError(ParityError):
     """A Function or module computed in a dtype other than the expected one."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("dtype_path", message)
+        super().__init__(Check.DTYPE_PATH, message)
 
 
 def check_of(exc: BaseException) -> str:

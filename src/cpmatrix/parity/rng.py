@@ -52,7 +52,7 @@ from typing import Any, Final
 
 import torch
 
-from cpmatrix.parity.errors import EntropyError, odd_input_fails
+from cpmatrix.parity.errors import Check, EntropyError, odd_input_fails
 
 __all__ = [
     "EntropyReport",
@@ -394,8 +394,26 @@ def assert_entropy(
     Draws smaller than ``min_numel`` are ignored (a scalar draw proves nothing). Malformed
     fingerprints or axes fail the check (``rng_entropy``) with the reason.
     """
-    with odd_input_fails("rng_entropy"):
+    with odd_input_fails(Check.RNG_ENTROPY):
         return _entropy(fingerprints, sharded, replicated, labels, min_ranks, min_numel)
+
+
+def _checked_streams(
+    fingerprints: Sequence[Mapping[str, Any]], labels: Sequence[str] | None, min_numel: int
+) -> tuple[dict[int, dict[str, list[Mapping[str, Any]]]], dict[int, list[int]]]:
+    """Per rank, its draws of at least ``min_numel`` elements by label (only ``labels``,
+    if given), and per rank its mesh coordinates."""
+    per_rank: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
+    coords: dict[int, list[int]] = {}
+    for fp in fingerprints:
+        rank = int(fp["rank"])
+        coords[rank] = list(fp["coords"])
+        streams: dict[str, list[Mapping[str, Any]]] = {}
+        for draw in fp["draws"]:
+            if draw["numel"] >= min_numel and (labels is None or draw["label"] in labels):
+                streams.setdefault(draw["label"], []).append(draw)
+        per_rank[rank] = streams
+    return per_rank, coords
 
 
 def _entropy(
@@ -418,16 +436,7 @@ def _entropy(
         )
     sh_dims = [names.index(a) for a in sharded]
     rep_dims = [names.index(a) for a in replicated]
-    per_rank: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
-    coords: dict[int, list[int]] = {}
-    for fp in fingerprints:
-        rank = int(fp["rank"])
-        coords[rank] = list(fp["coords"])
-        streams: dict[str, list[Mapping[str, Any]]] = {}
-        for draw in fp["draws"]:
-            if draw["numel"] >= min_numel and (labels is None or draw["label"] in labels):
-                streams.setdefault(draw["label"], []).append(draw)
-        per_rank[rank] = streams
+    per_rank, coords = _checked_streams(fingerprints, labels, min_numel)
     exercised = sum(1 for s in per_rank.values() if s)
     need = len(fingerprints) if min_ranks is None else min_ranks
     problems: list[str] = []

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from cpmatrix.parity._convert import recording_warnings, warning_outcome
+from cpmatrix.parity._convert import record_warnings, recording_warnings
 from cpmatrix.parity._inputs import (
     Axes,
     Inputs,
@@ -44,6 +44,8 @@ from cpmatrix.parity._inputs import (
 )
 from cpmatrix.parity._step import (
     ContextFactory,
+    EnterStep,
+    check_sharding_active,
     cp_context,
     run_cp,
     shape_mismatches,
@@ -73,7 +75,6 @@ from cpmatrix.parity._weights import (
     named_buffers,
     named_params,
     perturbed_line,
-    sharded_state,
 )
 from cpmatrix.parity.checks import (
     CheckOutcome,
@@ -83,7 +84,7 @@ from cpmatrix.parity.checks import (
 )
 from cpmatrix.parity.compare import compare_named, flatten
 from cpmatrix.parity.dtypes import autocast_ctx
-from cpmatrix.parity.errors import ParityError, odd_input_fails
+from cpmatrix.parity.errors import Check, ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance, resolve_tolerance
 
 __all__ = ["ParityReport", "check_parity"]
@@ -167,19 +168,19 @@ def check_parity(
                          placements={"x": [Shard(0), Shard(0)]})
     """
     try:
-        with odd_input_fails("tolerance"):
+        with odd_input_fails(Check.TOLERANCE):
             tol = resolve_tolerance(
                 tolerance, dtype=cell.dtype, autocast=cell.autocast, path=cell.path
             )
     except ParityError as exc:
-        cell.record(f"{label}.check.tolerance", f"FAILED: {exc}")
+        cell.record(f"{label}.check.{Check.TOLERANCE}", f"FAILED: {exc}")
         raise
     verdicts = Verdicts(label, sizes=mesh_sizes(cell.mesh))
-    verdicts.lines["tolerance"] = [tol.describe()]
+    verdicts.lines[Check.TOLERANCE] = [tol.describe()]
     enter = cp_context(context)
     if optimizer is not None:
         if not isinstance(steps, int) or steps < 1:
-            raise ParityError("setup", f"steps must be an int >= 1, got {steps!r}")
+            raise ParityError(Check.SETUP, f"steps must be an int >= 1, got {steps!r}")
         return run_training(
             cell,
             serial,
@@ -198,6 +199,42 @@ def check_parity(
             enter=enter,
             verdicts=verdicts,
         )
+    return _check_step(
+        cell,
+        serial,
+        cp,
+        inputs=inputs,
+        placements=placements,
+        output_axes=output_axes,
+        tol=tol,
+        perturb=perturb,
+        allow_zero=allow_zero,
+        prepare_cp=prepare_cp,
+        activations=activations,
+        enter=enter,
+        verdicts=verdicts,
+    )
+
+
+def _check_step(
+    cell: Any,
+    serial: torch.nn.Module | Callable[..., Any],
+    cp: torch.nn.Module | Callable[..., Any],
+    *,
+    inputs: Mapping[str, Any],
+    placements: Mapping[str, Placements] | None,
+    output_axes: Mapping[str, Axes] | Axes | None,
+    tol: Tolerance,
+    perturb: bool,
+    allow_zero: Mapping[str, str] | None,
+    prepare_cp: PrepareCP | None,
+    activations: Activations | None,
+    enter: EnterStep,
+    verdicts: Verdicts,
+) -> ParityReport:
+    """The step level of :func:`check_parity`: one forward and backward on each side (and
+    on the fp64 twin), then every output, grad and buffer compared (steps 2-7 of the
+    module docstring)."""
     warns: list[str] = []
     with recording_warnings(warns):
         perturbed: list[str] = []
@@ -205,17 +242,17 @@ def check_parity(
             cp, perturbed, weights = load_modules(
                 cell, serial, cp, perturb=perturb, prepare_cp=prepare_cp
             )
-            verdicts.add("setup", weights)
+            verdicts.add(Check.SETUP, weights)
         twin = make_twin(serial) if tol.twin is not None else Twin(why="fixed")
-        verdicts.lines.setdefault("nonzero", []).append(perturbed_line(perturbed, perturb))
-        with odd_input_fails("setup"):
+        verdicts.lines.setdefault(Check.NONZERO, []).append(perturbed_line(perturbed, perturb))
+        with odd_input_fails(Check.SETUP):
             ins = materialize(cell, inputs, placements or {})
-        verdicts.lines.setdefault("setup", []).append(_inputs_line(ins))
+        verdicts.lines.setdefault(Check.SETUP, []).append(_inputs_line(ins))
         t_ins, t_leaves = upcast_inputs(ins.serial, list(ins.leaves)) if twin.ok else ({}, {})
         serial_params, cp_params = named_params(serial), named_params(cp)
         check_same_names("parameters", serial_params, cp_params)
         verdicts.add(
-            "replicated_identical",
+            Check.REPLICATED_IDENTICAL,
             replicated_problems(
                 {
                     **tensors_of(ins.serial, "input "),
@@ -233,62 +270,82 @@ def check_parity(
                 c_out = run_cp(cp, ins)
             c_leaves = dict(flatten(c_out))
             check_same_names("outputs", s_leaves, c_leaves)
-            with odd_input_fails("setup"):
+            with odd_input_fails(Check.SETUP):
                 axes_of = output_axes_map(output_axes, s_leaves)
             shapes = shape_mismatches(ins, s_leaves, c_leaves, axes_of)
             if not shapes:
                 cp_backward(ins, s_grads, c_leaves, axes_of, verdicts)
-    verdicts.add("setup", warning_outcome(warns))
-    if warns:
-        verdicts.evidence["warnings"] = warning_outcome(warns).summary
+    record_warnings(verdicts, warns)
     if twin.ok:
-        with twin.running():
-            t_out = outputs_of(twin.module(**t_ins))
-            backward_twin(t_out, s_grads)
-            twin.outputs = {n: v.detach() for n, v in t_out.items()
-                            if isinstance(v, torch.Tensor)}
-            twin.input_grads = {n: t.grad for n, t in t_leaves.items()}
-            twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
-            twin.buffers = named_buffers(twin.module)
+        _run_twin(twin, t_ins, t_leaves, s_grads)
     verdicts.evidence["twin"] = twin_line(tol, twin)
 
-    declared = dict(activations()) if activations is not None else {}
-    verdicts.check_sharding(
-        {
-            **tensors_of(ins.cp, "input "),
-            **tensors_of(c_leaves, ""),
-            **sharded_state(cp, cp_params),
-            **tensors_of(declared, "activation "),
-        },
-        cell.mesh,
-    )
-    with odd_input_fails("output"):  # a CP output that does not fit its axes fails here
-        outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s, twin.outputs.get(n))
-                   for n, s in s_leaves.items()}
-    verdicts.add_diffs("output", compare_named(outputs, tol), tol)
-    verdicts.add("replicated_identical", replicated_problems(tensors_of(c_leaves, ""), cell.mesh))
+    check_sharding_active(cell, verdicts, ins, c_leaves, cp, cp_params, activations)
+    _check_outputs(cell, verdicts, ins, s_leaves, c_leaves, axes_of, twin, tol)
 
     if shapes:
         skip_grads_for_shapes(verdicts, shapes)
-        verdicts.add("nonzero", grad_problems(_serial_values(s_leaves), allow_zero=allow_zero))
+        verdicts.add(Check.NONZERO, grad_problems(_serial_values(s_leaves), allow_zero=allow_zero))
         return finish(cell, verdicts, tol, perturbed)
+    _check_grads(cell, verdicts, ins, serial, cp, serial_params, cp_params, s_leaves, twin, tol,
+                 allow_zero)
+    return finish(cell, verdicts, tol, perturbed)
+
+
+def _run_twin(twin: Twin, t_ins: Mapping[str, Any], t_leaves: Mapping[str, torch.Tensor],
+              s_grads: Mapping[str, torch.Tensor]) -> None:
+    """Step 5: the serial side again in fp64 on the upcast inputs, backward with the serial
+    side's grad_outputs; keeps its outputs, input and parameter grads and buffers on
+    ``twin`` (the reference the low-precision values are judged against)."""
+    with twin.running():
+        t_out = outputs_of(twin.module(**t_ins))
+        backward_twin(t_out, s_grads)
+        twin.outputs = {n: v.detach() for n, v in t_out.items()
+                        if isinstance(v, torch.Tensor)}
+        twin.input_grads = {n: t.grad for n, t in t_leaves.items()}
+        twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
+        twin.buffers = named_buffers(twin.module)
+
+
+def _check_outputs(
+    cell: Any, verdicts: Verdicts, ins: Inputs, s_leaves: Mapping[str, Any],
+    c_leaves: Mapping[str, Any], axes_of: Mapping[str, Axes], twin: Twin, tol: Tolerance,
+) -> None:
+    """Every CP output (``full_tensor()``, laid out as the serial one) against the serial
+    one and the twin's, and identical on the ranks that hold it replicated."""
+    with odd_input_fails(Check.OUTPUT):  # a CP output that does not fit its axes fails here
+        outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s, twin.outputs.get(n))
+                   for n, s in s_leaves.items()}
+    verdicts.add_diffs(Check.OUTPUT, compare_named(outputs, tol), tol)
+    verdicts.add(Check.REPLICATED_IDENTICAL,
+                 replicated_problems(tensors_of(c_leaves, ""), cell.mesh))
+
+
+def _check_grads(
+    cell: Any, verdicts: Verdicts, ins: Inputs, serial: Any, cp: Any,
+    serial_params: Mapping[str, torch.Tensor], cp_params: Mapping[str, torch.Tensor],
+    s_leaves: Mapping[str, Any], twin: Twin, tol: Tolerance,
+    allow_zero: Mapping[str, str] | None,
+) -> None:
+    """After backward: every input grad, parameter grad and buffer against the serial side
+    (and the twin); grads placed and replicated as they should be, non-zero and finite."""
     if not ins.leaves:
         verdicts.skipped.setdefault(
-            "input_grad",
+            Check.INPUT_GRAD,
             "no input takes a gradient (only integer inputs, requires_grad=False, or none)")
-    with odd_input_fails("input_grad"):
+    with odd_input_fails(Check.INPUT_GRAD):
         input_pairs = {n: (serial_layout(ins, leaf.cp.grad, leaf.axes), leaf.serial.grad,
                            twin.input_grads.get(n))
                        for n, leaf in ins.leaves.items()}
-    verdicts.add_diffs("input_grad", compare_named(input_pairs, tol), tol)
+    verdicts.add_diffs(Check.INPUT_GRAD, compare_named(input_pairs, tol), tol)
     input_grads = {n: leaf.cp.grad for n, leaf in ins.leaves.items() if leaf.cp.grad is not None}
     verdicts.check_placements({f"grad {n}": g for n, g in input_grads.items()}, cell.mesh)
     if input_grads:
-        verdicts.add("input_grad", replicated_problems(input_grads, cell.mesh))
+        verdicts.add(Check.INPUT_GRAD, replicated_problems(input_grads, cell.mesh))
     check_param_grads(verdicts, serial_params, cp_params, tol, cell.mesh, twin.param_grads)
     check_buffers(verdicts, named_buffers(serial), named_buffers(cp), tol, twin.buffers)
     verdicts.add(
-        "nonzero",
+        Check.NONZERO,
         grad_problems(
             {
                 **_serial_values(s_leaves),
@@ -298,7 +355,6 @@ def check_parity(
             allow_zero=allow_zero,
         ),
     )
-    return finish(cell, verdicts, tol, perturbed)
 
 
 def _serial_values(s_leaves: Mapping[str, Any]) -> dict[str, Any]:
@@ -340,7 +396,7 @@ def cp_backward(
         c = c_leaves[name]
         if not (isinstance(c, torch.Tensor) and c.requires_grad):
             verdicts.add(
-                "output",
+                Check.OUTPUT,
                 CheckOutcome(
                     problems=[
                         f"{name}: serial output is differentiable, the CP one is not (detached?)"
@@ -358,8 +414,8 @@ def cp_backward(
         else:
             c_grads.append(full.clone())
     if not s_grads:
-        verdicts.skipped["input_grad"] = "no differentiable output"
-        verdicts.skipped["param_grad"] = "no differentiable output"
+        verdicts.skipped[Check.INPUT_GRAD] = "no differentiable output"
+        verdicts.skipped[Check.PARAM_GRAD] = "no differentiable output"
         return
     if c_outs:
         torch.autograd.backward(c_outs, c_grads)

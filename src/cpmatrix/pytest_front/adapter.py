@@ -1,11 +1,10 @@
 """The one place the pytest plugin calls cpmatrix's run.
 
-:func:`run_tests` takes the cells of a pytest run and hands them to the same steps
-``cpmatrix run`` uses: claim the output folder, prepare (runner, context, toolchain,
-cache), pack and run the worlds (``run.session.run_cells``), with Ctrl-C and SIGTERM
-stopping the worlds and the report written. When the run gets its front door
-(``run/pipeline.py``: claim -> shard -> prepare -> pack -> schedule -> run -> report),
-this function becomes a call to it; nothing else in the front knows the run's parts.
+:func:`run_tests` takes the cells of a pytest run and hands them to the run's front
+door (:func:`cpmatrix.run.pipeline.execute_cells`), the steps ``cpmatrix run`` takes:
+claim the output folder, prepare (runner, context, toolchain, cache), pack and run the
+worlds, with Ctrl-C and SIGTERM stopping the worlds and the report written. Nothing else
+in the front knows the run's parts.
 
 A pytest run has no matrix file: the run gets one made in memory, with one platform
 (gloo on the CPU, or nccl on the GPUs), the user's ``PYTHONPATH`` as its ``pythonpath``,
@@ -27,12 +26,8 @@ from pathlib import Path
 
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.result import Result
-from cpmatrix.run.entry import Entry
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outdir import claim_out
-from cpmatrix.run.session import RunReport, run_cells
-from cpmatrix.run.setup import pack_spec, prepare_run
-from cpmatrix.run.stopping import StopRequested, stop_on_signals
+from cpmatrix.run.pipeline import Entry, RunReport, execute_cells
 
 __all__ = ["FrontSettings", "platform_for", "run_tests"]
 
@@ -88,30 +83,4 @@ def run_tests(cells: Sequence[Cell], settings: FrontSettings, *, platform: Platf
     matrix = Matrix(path=str(settings.rootdir / "pytest"), version=1, platforms=(platform,),
                     targets=(), pythonpath=tuple(os.path.abspath(p) for p in pythonpath))
     options = replace(settings.options, out=str(settings.out))
-    claim = claim_out(settings.out.resolve())
-    try:
-        prepared = prepare_run(options, matrix, list(cells), claim)
-        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
-        context = replace(prepared.context, pack=pack)
-        with stop_on_signals() as stopper:
-
-            def whole(entry: Entry, result: Result) -> None:
-                # A test being reported is reported whole (its setup, call and teardown
-                # reports, as --junitxml needs them): Ctrl-C meanwhile waits for it, then
-                # stops the run. (Once the run is stopping, the stopper is held already.)
-                held, signum = stopper.held, stopper.signum
-                stopper.held = True
-                try:
-                    on_result(entry, result)
-                finally:
-                    stopper.held = held
-                if not held and signum is None and stopper.signum is not None:
-                    raise StopRequested(stopper.signum)
-
-            return run_cells(
-                prepared.cells, prepared.platforms, context, batch_size=options.batch_size,
-                jobs=options.jobs, devices=prepared.devices, cached=prepared.cached,
-                store=prepared.store, on_result=whole, on_start=on_start,
-                stopper=stopper, skipped=prepared.skipped)
-    finally:
-        claim.release()
+    return execute_cells(options, matrix, cells, on_result=on_result, on_start=on_start)

@@ -32,7 +32,7 @@ from cpmatrix.pytest_front.collected import session_of, tests_of
 from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.session import RunReport
+from cpmatrix.run.pipeline import RunReport
 from cpmatrix.run.stopping import StopRequested
 
 __all__ = ["Controller"]

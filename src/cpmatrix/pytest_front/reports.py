@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from cpmatrix.matrix.pytest_verdict import PhaseVerdict, Verdict
+from cpmatrix.remote.protocol import cell_stacks
 from cpmatrix.result import FailureKind, Result
 
 __all__ = ["replay_warnings", "reports_for", "subreports_for"]
@@ -90,7 +91,7 @@ def _stacks(cell_dir: Path | None, size: int) -> dict[int, str]:
         return out
     for r in range(size):
         try:
-            text = (cell_dir / f"rank{r}" / "stacks.txt").read_text(errors="replace")
+            text = Path(cell_stacks(str(cell_dir), r)).read_text(errors="replace")
         except OSError:
             continue
         if text.strip():

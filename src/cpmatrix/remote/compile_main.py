@@ -19,6 +19,10 @@ from typing import Any
 from cpmatrix.remote.observe import ReadObserver
 from cpmatrix.remote.procs import set_parent_death_signal
 from cpmatrix.remote.protocol import (
+    DONE,
+    ERROR,
+    OK,
+    START,
     CompileJob,
     Outcome,
     StartMarker,
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     # them (the kernel source, its spec, the toolchain: all in the pre-key).
     observer = ReadObserver(skip=(job.out_root, str(progress.parent), job.cache_dir or ""))
     for i, cell in enumerate(job.cells):
-        write_typed(progress / marker_name(i, 0, "start"),
+        write_typed(progress / marker_name(i, 0, START),
                     StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))
         t0 = time.monotonic()
         observer.start()
@@ -53,16 +57,16 @@ def main(argv: list[str] | None = None) -> int:
             spec = spec_for_cell(cell.spill or {}, job.search_path)
             report = compile_and_measure(spec, cache_dir=cache_dir, search_path=job.search_path)
             verdict = report.verdict()
-            fields = {"status": "ok" if verdict.passed else "error", "message": verdict.message,
+            fields = {"status": OK if verdict.passed else ERROR, "message": verdict.message,
                       "evidence": report.evidence(), "check": "" if verdict.passed else "spill"}
         except SpillError as exc:
-            fields = {"status": "error", "message": f"SpillError: {exc}", "check": "spill"}
+            fields = {"status": ERROR, "message": f"SpillError: {exc}", "check": "spill"}
         except Exception as exc:  # a bug in the gate itself: report, keep going
-            fields = {"status": "error", "message": f"{type(exc).__name__}: {exc}",
+            fields = {"status": ERROR, "message": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc(), "check": "spill"}
         reads = observer.stop()
         duration = time.monotonic() - t0
-        write_typed(progress / marker_name(i, 0, "done"), Outcome(
+        write_typed(progress / marker_name(i, 0, DONE), Outcome(
             index=i, rank=0, id=cell.id, run=job.run_id, duration_s=duration,
             case_s=duration, end_time=time.time(), reads=reads, **fields))
     return 0

@@ -4,29 +4,28 @@ Standard library only (the store is torch's, handed in).
 
 Example (inside the worker)::
 
-    peers = exchange(store, index, rank, size, timeout_s, "ok", report)
+    peers = exchange(store, index, rank, size, timeout_s, PeerReport(status=OK, groups=report))
     outcome = blame_state(outcome, ["the case left ..."], recycle=True)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from typing import Any
 
-from cpmatrix.remote.protocol import Outcome
+from cpmatrix.remote.protocol import ERROR, Outcome, PeerReport, report_key
 
 __all__ = ["blame_state", "exchange"]
 
 
 def exchange(store: Any, index: int, rank: int, size: int, timeout_s: float,
-             status: str, report: dict[str, Any]) -> dict[int, tuple[str, dict[str, Any]]]:
+             mine: PeerReport) -> dict[int, PeerReport]:
     """Wait until every rank of cell ``index`` (``rank``: this one's in the cell) wrote
-    its outcome; every rank's (status, group report), by rank in the cell.
+    its outcome; every rank's report, by rank in the cell.
 
-    ``status`` is ``ok``, ``error`` or ``recycle`` (the process state cannot be
-    restored); ``report`` is what the rank did to its groups
+    ``mine``: this rank's status (``ok``, ``error`` or ``recycle``: the process state
+    cannot be restored) and what it did to its groups
     (:meth:`cpmatrix.remote.hygiene.GroupLedger.after_case`). All the cell's ranks read
     the same keys, so they take the same decisions.
 
@@ -35,17 +34,10 @@ def exchange(store: Any, index: int, rank: int, size: int, timeout_s: float,
     """
     import datetime as _dt
 
-    store.set(f"cpmatrix/{index}/r{rank}", json.dumps({"s": status, "r": report}))
-    keys = [f"cpmatrix/{index}/r{r}" for r in range(size)]
+    store.set(report_key(index, rank), mine.encode())
+    keys = [report_key(index, r) for r in range(size)]
     store.wait(keys, _dt.timedelta(seconds=timeout_s))
-    out = {}
-    for r, key in enumerate(keys):
-        try:
-            value = json.loads(store.get(key))
-            out[r] = (str(value["s"]), dict(value["r"]))
-        except (ValueError, KeyError, TypeError):
-            out[r] = ("error", {})
-    return out
+    return {r: PeerReport.decode(store.get(key)) for r, key in enumerate(keys)}
 
 
 def blame_state(outcome: Outcome, problems: list[str], *, recycle: bool) -> Outcome:
@@ -55,7 +47,7 @@ def blame_state(outcome: Outcome, problems: list[str], *, recycle: bool) -> Outc
     print(f"cpmatrix worker: cell {outcome.id} on rank {outcome.rank}: {message}; {after}",
           file=sys.stderr)
     if outcome.ok:
-        return dataclasses.replace(outcome, status="error", exc_type="ProcessStateError",
+        return dataclasses.replace(outcome, status=ERROR, exc_type="ProcessStateError",
                                    message=message, traceback="", check="process_state",
                                    recycle=recycle or outcome.recycle)
     # Keep the case's own error first; the state problem is part of the story.

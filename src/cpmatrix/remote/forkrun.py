@@ -3,15 +3,16 @@
 Usage (the supervisor builds this command, in place of ``torch.distributed.run``)::
 
     python -m cpmatrix.remote.forkrun --nproc-per-node=4 --master-port=29500 \\
-        -m cpmatrix.remote.world_main W.json
+        --root-cause-file=W/root_cause.json -m cpmatrix.remote.world_main W/world.json
 
 The parent imports torch, ``torch.distributed``, the DTensor modules and the target
 module, then forks one child per rank. Each child gets torchrun's variables (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...) and calls the target
 module's ``main(argv)``. The parent then hosts the rendezvous store (as torchrun's agent
-does) and watches the ranks: the first rank that fails is named in a torchrun-style
-"Root Cause" block (the one :func:`cpmatrix.run.executors.attribution.torchrun_root_cause`
-reads), and the others are killed.
+does) and watches the ranks: the first rank that fails is written as a typed
+:class:`~cpmatrix.remote.protocol.RootCause` (``--root-cause-file``, what the supervisor
+reads) and named in a torchrun-style "Root Cause" block in the launcher's log (for
+people), and the others are killed.
 
 Forking is only safe before any thread exists: the parent checks that it is still the
 only thread (``/proc/self/task``; torch's intra-op pool and CUDA start threads) and that
@@ -30,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -39,6 +41,7 @@ import traceback
 from typing import Any
 
 from cpmatrix.remote.procs import set_parent_death_signal
+from cpmatrix.remote.protocol import RootCause, write_typed
 
 #: Modules every rank needs; importing them before the fork is the point of the launcher.
 #: ``torch._dynamo`` is imported lazily by DTensor's first operation (its dispatch is
@@ -53,6 +56,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--nproc-per-node", dest="nproc", type=int, required=True)
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, required=True)
+    ap.add_argument("--root-cause-file", default="",
+                    help="where to write the first failing rank (a RootCause)")
+    ap.add_argument("--run-id", default="", help="the run the RootCause belongs to")
     ap.add_argument("-m", dest="module", required=True)
     ap.add_argument("args", nargs=argparse.REMAINDER)
     return ap.parse_args(argv)
@@ -102,12 +108,18 @@ def _child(rank: int, args: argparse.Namespace, target: Any) -> None:
             os._exit(code)
 
 
-def _root_cause(rank: int, status: int) -> str:
+def _root_cause(run: str, rank: int, pid: int, status: int) -> RootCause:
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return RootCause(run=run, rank=rank, exitcode=code, pid=pid, time=time.time())
+
+
+def _root_cause_text(cause: RootCause) -> str:
+    """The record as torchrun prints its own (people know that block from torchrun)."""
+    when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(cause.time))
     return ("Root Cause (first observed failure):\n"
-            f"[0]:\n  time      : {time.strftime('%Y-%m-%d_%H:%M:%S')}\n"
-            f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} "
-            f"(pid: {{pid}})\n")
+            f"[0]:\n  time      : {when}\n"
+            f"  rank      : {cause.rank} (local_rank: {cause.rank})\n"
+            f"  exitcode  : {cause.exitcode} (pid: {cause.pid})\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +194,12 @@ def _supervise(pids: dict[int, int], args: argparse.Namespace) -> int:
             continue
         if status != 0 and not failed and not stopping:
             failed = 1
-            print(_root_cause(rank, status).replace("{pid}", str(pid)), file=sys.stderr,
-                  flush=True)
+            cause = _root_cause(args.run_id, rank, pid, status)
+            if args.root_cause_file:  # before the kill: the supervisor may read it at once
+                # Evidence only: without it the supervisor names the rank by its pid.
+                with contextlib.suppress(OSError):
+                    write_typed(args.root_cause_file, cause)
+            print(_root_cause_text(cause), file=sys.stderr, flush=True)
             _kill(live)
     del store  # closes the listening socket before this process exits
     return 128 + stopping[0] if stopping else failed

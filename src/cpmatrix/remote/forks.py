@@ -9,7 +9,7 @@ ends that process at once with ``os._exit``:
 
 - a child that raised ``SystemExit`` (``sys.exit(n)``) exits with ``n``: the child's own
   business, never recorded as the rank's error;
-- a child that returned or raised anything else leaves a note (``<world>/strays/``) and
+- a child that returned or raised anything else leaves a note (``WorldFolder.stray``) and
   exits (0 after a return, 1 after an exception, as a script would); the rank fails the
   cell naming the child (:func:`strays`), once it has ended every child the cell left.
 
@@ -30,11 +30,9 @@ import sys
 import traceback
 from pathlib import Path
 
+from cpmatrix.remote.protocol import WorldFolder
+
 __all__ = ["leave_if_child", "strays"]
-
-
-def _folder(world_dir: str) -> Path:
-    return Path(world_dir, "strays")
 
 
 def leave_if_child(owner: int, world_dir: str, index: int, rank: int,
@@ -51,9 +49,9 @@ def leave_if_child(owner: int, world_dir: str, index: int, rank: int,
         else:
             code = 0 if exc is None else 1
             how = "returned" if exc is None else f"raised {type(exc).__name__}: {exc}"
-            folder = _folder(world_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{index}.r{rank}.{pid}").write_text(how, encoding="utf-8")
+            note = WorldFolder(Path(world_dir)).stray(index, rank, pid)
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(how, encoding="utf-8")
             print(f"cpmatrix worker: a forked child (pid {pid}) of the case {how} out of "
                   f"the case into cpmatrix; it ends here (os._exit({code})). A forked "
                   "child must end with os._exit", file=sys.stderr)
@@ -67,17 +65,10 @@ def leave_if_child(owner: int, world_dir: str, index: int, rank: int,
 
 def strays(world_dir: str, index: int, rank: int) -> list[str]:
     """What the case's children that came back into cpmatrix did (one line each)."""
-    folder = _folder(world_dir)
-    prefix = f"{index}.r{rank}."
-    try:
-        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
-    except OSError:
-        return []
     out = []
-    for name in sorted(names):
-        pid = name[len(prefix):]
+    for pid, note in WorldFolder(Path(world_dir)).strays_of(index, rank).items():
         try:
-            how = (folder / name).read_text(encoding="utf-8")
+            how = note.read_text(encoding="utf-8")
         except OSError:
             how = "came back"
         out.append(f"a forked child (pid {pid}) of the case {how} out of the case into "

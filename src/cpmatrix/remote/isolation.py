@@ -80,7 +80,7 @@ class CellIsolation:
         #: every rank), else here.
         self.namespaces = namespaces or NamespaceWatch(project_roots)
         self._threads: set[int] = set()
-        #: Seconds each part of the last :meth:`after_cell` took (CPMATRIX_PROFILE).
+        #: Seconds each part of the last :meth:`after_cell` took (``--profile``).
         self.timings: dict[str, float] = {}
 
     def before_cell(self) -> None:

@@ -4,9 +4,9 @@ Standard library only.
 
 Example (inside the worker)::
 
-    dumper = StackDumper(world_dir / "dump.request")
+    dumper = StackDumper(folder.dump_request)     # a protocol.WorldFolder
     threading.Thread(target=dumper.watch, daemon=True).start()
-    dumper.switch(cell_dir / "stacks.txt")   # before each cell
+    dumper.switch(out_root / cell_stacks(out_dir, rank))   # before each cell
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class StackDumper:
     """Dumps every thread's stack into the current cell's ``stacks.txt`` on request.
 
     Two triggers: SIGUSR1 (faulthandler's C handler: works even while the GIL is
-    held) and a request file ``<world>/dump.request`` polled by this thread, which
+    held) and a request file (``WorldFolder.dump_request``) polled by this thread, which
     works when the supervisor cannot signal us (a container's or sandbox's own pid
     namespace). Blocking collectives release the GIL, so the thread gets to run.
     """

@@ -10,7 +10,8 @@ calls involve only the cell's ranks. Cells on disjoint ranks run at the same tim
 in its own group; a rank that is in no running cell waits for its next one.
 
 Before a cell, its ranks agree through the launcher's store (never a collective: the
-group does not exist yet), each writing ``<go|stop>:<group id>``:
+group does not exist yet), each writing its word
+(:class:`~cpmatrix.remote.protocol.store.Ready`, ``<go|stop>:<group id>``):
 
 - any ``stop`` (a rank whose process state could not be restored after an earlier cell
   runs nothing more) -> every rank of the cell skips it (the supervisor reruns it in a
@@ -24,8 +25,6 @@ Every rank of the cell reads the same keys, so they all take the same decision.
 
 Example::
 
-    >>> SubWorld.prefix(7)
-    'cpmatrix/pg7/'
     >>> SubWorld.decide(["go:3", "go:3"], held=3, held_ranks=(4, 5), ranks=(4, 5))
     'reuse'
     >>> SubWorld.decide(["go:3", "go:-1"], held=3, held_ranks=(4, 5), ranks=(4, 5))
@@ -39,6 +38,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
+
+from cpmatrix.remote.protocol import Ready, group_prefix, ready_key
 
 __all__ = ["SubWorld"]
 
@@ -63,18 +64,14 @@ class SubWorld:
         self.dirty = False
 
     @staticmethod
-    def prefix(index: int) -> str:
-        """The store prefix of the group made for cell ``index`` (unique in the world)."""
-        return f"cpmatrix/pg{index}/"
-
-    @staticmethod
     def decide(values: Sequence[str], *, held: int, held_ranks: tuple[int, ...],
                ranks: tuple[int, ...]) -> Decision:
         """The decision every rank of a cell takes from the same agreement values."""
-        if any(not v.startswith("go:") for v in values):
+        words = [Ready.decode(v) for v in values]
+        if any(w is None or not w.go for w in words):
             return "skip"
-        ids = {v.partition(":")[2] for v in values}
-        if ids == {str(held)} and held >= 0 and held_ranks == ranks:
+        if {w.held for w in words if w is not None} == {held} and held >= 0 \
+                and held_ranks == ranks:
             return "reuse"
         return "new"
 
@@ -83,11 +80,10 @@ class SubWorld:
         """Write this rank's word for cell ``index`` and read its peers' (store only)."""
         local = ranks.index(self.rank)
         held = -1 if self.dirty else self.held
-        mine = f"{'stop' if stop else 'go'}:{held}"
-        self.store.set(f"cpmatrix/{index}/ready/r{local}", mine)
+        self.store.set(ready_key(index, local), Ready(go=not stop, held=held).encode())
         if stop:
             return "skip"
-        keys = [f"cpmatrix/{index}/ready/r{r}" for r in range(len(ranks))]
+        keys = [ready_key(index, r) for r in range(len(ranks))]
         self.store.wait(keys, wait)
         values = [self.store.get(k).decode() for k in keys]
         return self.decide(values, held=held, held_ranks=self.held_ranks, ranks=ranks)
@@ -110,6 +106,6 @@ class SubWorld:
         dist.init_process_group(
             backend=self.backend,
             store=dist.PrefixStore(  # type: ignore[attr-defined]  # public, not in stubs
-                self.prefix(index), self.store),
+                group_prefix(index), self.store),
             rank=local, world_size=size, timeout=self.timeout)
         self.held, self.held_ranks = index, ranks

@@ -8,12 +8,14 @@ Imports only the standard library, torch and the worker-side part of cpmatrix
 (:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`cpmatrix.remote`), so start-up stays
 cheap and a crash here is easy to read.
 
-The files it reads and writes are the typed ones of :mod:`cpmatrix.remote.protocol`: the
+The files it reads and writes are the typed ones of :mod:`cpmatrix.remote.protocol`, in
+the places its :class:`~cpmatrix.remote.protocol.WorldFolder` names: the
 :class:`~cpmatrix.remote.protocol.WorldSpec` job file; per rank a
-:class:`~cpmatrix.remote.protocol.PidFile` and its log (``rank<R>.log``, stdout+stderr);
-per cell and rank (the rank *in the cell*) a :class:`~cpmatrix.remote.protocol.StartMarker`
-*before* the cell runs and an :class:`~cpmatrix.remote.protocol.Outcome` *before* any
-cross-rank step after it.
+:class:`~cpmatrix.remote.protocol.PidFile` and its log (stdout+stderr); per cell and rank
+(the rank *in the cell*) a :class:`~cpmatrix.remote.protocol.StartMarker` *before* the
+cell runs and an :class:`~cpmatrix.remote.protocol.Outcome` *before* any cross-rank step
+after it. What the ranks say to each other goes through the launcher's store, in the
+protocol's words too (:mod:`cpmatrix.remote.protocol.store`).
 
 Each rank runs the cells placed on it (``WorldSpec.placement``, planned by
 :mod:`cpmatrix.run.packing`) in the world file's order, each in a process group of the
@@ -41,18 +43,15 @@ import datetime
 import faulthandler
 import importlib
 import os
-import random
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
+from cpmatrix.remote.case import run_cell
 from cpmatrix.remote.cellenv import CellEnvironment
 from cpmatrix.remote.exchange import blame_state, exchange
-from cpmatrix.remote.forks import leave_if_child
 from cpmatrix.remote.hygiene import GroupLedger, Verdict, install_p2p_counter, judge
 from cpmatrix.remote.meshes import (
     clear_dtensor_caches,
@@ -68,13 +67,17 @@ from cpmatrix.remote.procs import (
     set_parent_death_signal,
 )
 from cpmatrix.remote.protocol import (
+    DONE,
+    RECYCLE,
+    START,
     CellSpec,
-    Outcome,
+    PeerReport,
     PidFile,
     RankLeft,
     StartMarker,
+    WorldFolder,
     WorldSpec,
-    marker_name,
+    cell_stacks,
     read_typed,
     write_typed,
 )
@@ -102,127 +105,6 @@ def _log_offset() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return os.lseek(2, 0, os.SEEK_END)
-
-
-def _reseed(seed: int) -> None:
-    import torch
-
-    random.seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed)
-    except ImportError:  # numpy is optional for cases
-        pass
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-class CaseModuleMismatch(ImportError):
-    """The case module was imported from another file than the one the digest covers."""
-
-    check = "case_module"
-
-
-def _import_case(ref: str, expected_file: str) -> tuple[Any, str]:
-    """The case function and the real path of the file its module was loaded from."""
-    module_name, _, attr = ref.partition(":")
-    module = importlib.import_module(module_name)
-    ran = os.path.realpath(getattr(module, "__file__", None) or "")
-    if expected_file and ran != os.path.realpath(expected_file):
-        raise CaseModuleMismatch(
-            f"case {ref!r}: module {module_name!r} was imported from {ran or 'nowhere'}, but "
-            f"the cell's digest covers {expected_file}: another module of that name comes "
-            "first on the path (the run refuses to report a verdict for other code)")
-    try:
-        return getattr(module, attr), ran
-    except AttributeError:
-        raise AttributeError(f"case {ref!r}: module {module_name!r} has no {attr!r}") from None
-
-
-def run_cell(
-    world: WorldSpec, index: int, spec: CellSpec, rank: int,
-    meshes: dict[tuple[int, int], Any] | None = None,
-    ledger: GroupLedger | None = None,
-) -> tuple[Outcome, Any]:
-    """Run one cell on this rank; return its outcome and its mesh (never raises).
-
-    The mesh's groups are NOT destroyed here: a rank that is done must not tear down
-    a group a peer is still waiting in (that would turn a peer's hang into a
-    misleading "connection closed" error). The caller destroys them after the
-    cross-rank barrier. ``ledger`` is armed right before the case runs (the groups the
-    cell's own mesh brought are the cell's to use, not the case's to make).
-
-    Only this process returns from here: a child the case forked that comes back out of
-    the case ends inside (:func:`cpmatrix.remote.forks.leave_if_child`).
-    """
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-
-    out_dir = Path(world.out_root, spec.out_dir, f"rank{rank}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    seed = seed_for(spec.id, spec.run_number)
-    started = time.time()
-    failure: dict[str, str] = {}
-    ctx: CellContext | None = None
-    mesh = None
-    setup_s = case_s = 0.0
-    owner = os.getpid()
-    if ledger is not None:
-        ledger.disarm()
-    try:
-        _reseed(seed)
-        if world.device == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            device = torch.device("cpu")
-        shape = (spec.rows, spec.cols)
-        mesh = (meshes or {}).get(shape)
-        if mesh is None:
-            mesh = init_device_mesh(world.device, shape, mesh_dim_names=MESH_DIMS)
-        setup_s = time.time() - started
-        case, case_file = _import_case(spec.case, spec.case_file)
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(seed)
-        ctx = CellContext(
-            id=spec.id, rank=rank, world_size=spec.world_size, mesh=mesh, device=device,
-            backend=world.backend, dtype=getattr(torch, TORCH_DTYPES[spec.dtype]),
-            dtype_name=spec.dtype, autocast=spec.autocast, path=spec.path, level=spec.level,
-            params=dict(spec.params), seed=seed, generator=generator, out_dir=out_dir,
-            platform=spec.platform, target=spec.target, mutant=spec.mutant or None,
-            run_number=spec.run_number,
-        )
-        ctx.record("case_file", case_file)  # which file ran: the one the digest covers
-        if ledger is not None:
-            ledger.before_case()
-        t0 = time.perf_counter()
-        try:
-            case(ctx)
-        except BaseException as exc:
-            leave_if_child(owner, world.dir, index, rank, exc)
-            raise
-        finally:
-            case_s = time.perf_counter() - t0
-        leave_if_child(owner, world.dir, index, rank, None)
-    except BaseException as exc:  # a case may raise anything; SystemExit too is a failure
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        failure = {"exc_type": type(exc).__name__, "message": f"{type(exc).__name__}: {exc}",
-                   "traceback": traceback.format_exc(),
-                   "check": str(getattr(exc, "check", "") or "")}
-        # Print it too: the rank's log is the first place people look.
-        print(f"cpmatrix worker: cell {spec.id} failed on rank {rank}:\n"
-              f"{failure['traceback']}", file=sys.stderr)
-    finally:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    outcome = Outcome(
-        index=index, rank=rank, id=spec.id, run=world.run_id,
-        status="error" if failure else "ok", exc_type=failure.get("exc_type", ""),
-        message=failure.get("message", ""), traceback=failure.get("traceback", ""),
-        check=failure.get("check", ""), evidence=dict(ctx.evidence) if ctx is not None else {},
-        setup_s=setup_s, case_s=case_s, duration_s=time.time() - started,
-    )
-    return outcome, mesh
 
 
 def _fix_sys_path(pythonpath: list[str]) -> None:
@@ -273,14 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     _guard_parent(world.supervisor_pid)
     # Orphans of this rank's case (double forks, daemons) come back to us, and die with us.
     set_child_subreaper()
-    world_dir = Path(world.dir)
+    folder = WorldFolder(Path(world.dir))
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    log = _redirect_output(world_dir / f"rank{rank}.log")
+    log = _redirect_output(folder.rank_log(rank))
     faulthandler.enable(file=log, all_threads=True)  # segfaults leave a stack in the log
-    (world_dir / "progress").mkdir(parents=True, exist_ok=True)
-    write_typed(world_dir / f"rank{rank}.pid", PidFile(pid=os.getpid(), rank=rank,
-                                                       run=world.run_id))
+    folder.progress.mkdir(parents=True, exist_ok=True)
+    write_typed(folder.pid_file(rank), PidFile(pid=os.getpid(), rank=rank, run=world.run_id))
     _fix_sys_path(list(world.pythonpath))
 
     import torch
@@ -307,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks.close()
         kill_all(descendants(os.getpid()))  # whatever the cases started dies with the rank
     # Out of cells, maybe long before the other ranks: an exit the supervisor expects.
-    write_typed(world_dir / f"rank{rank}.left", RankLeft(rank=rank, run=world.run_id))
+    write_typed(folder.left_file(rank), RankLeft(rank=rank, run=world.run_id))
     return 0
 
 
@@ -332,8 +213,7 @@ class _Rank:
         self.world = world
         self.rank = rank
         self.store = store
-        self.dir = Path(world.dir)
-        self.progress = self.dir / "progress"
+        self.folder = WorldFolder(Path(world.dir))
         self.group = SubWorld(rank=rank, backend=world.backend, store=store, timeout=timeout,
                               device=world.device)
         # A rank may wait for its next cell while its peers run several others: the sum
@@ -342,7 +222,7 @@ class _Rank:
         self.wait = datetime.timedelta(
             seconds=world.pg_timeout_s + sum(c.timeout_s for c in world.cells))
         self.meshes: dict[tuple[int, int], Any] = {}
-        self.dumper = StackDumper(self.dir / "dump.request")
+        self.dumper = StackDumper(self.folder.dump_request)
         threading.Thread(target=self.dumper.watch, name="cpmatrix-stacks", daemon=True).start()
         self.env = CellEnvironment(world_dir=world.dir, out_root=world.out_root,
                                    world_name=world.name, device_index=device_index)
@@ -358,7 +238,6 @@ class _Rank:
         #: Set once a cell changed what cannot be restored: this process runs no more
         #: cells, it only tells the peers of its remaining cells to skip them.
         self.tainted = False
-        self.profile = bool(os.environ.get("CPMATRIX_PROFILE"))
 
     def forget_meshes(self) -> None:
         for mesh in self.meshes.values():
@@ -375,7 +254,7 @@ class _Rank:
     def cell(self, index: int, spec: CellSpec, ranks: tuple[int, ...]) -> None:
         local, size = ranks.index(self.rank), len(ranks)
         # Waiting for this cell's peers: a stack dump asked for now is not the cell's.
-        self.dumper.switch(self.dir / f"rank{self.rank}.idle-stacks.txt")
+        self.dumper.switch(self.folder.idle_stacks(self.rank))
         # Before the start marker: a group that cannot form is the world's fault,
         # never the cell's (the supervisor reruns the cell in a fresh world).
         decision = self.group.agree(index, ranks, stop=self.tainted, wait=self.wait)
@@ -383,14 +262,14 @@ class _Rank:
             return
         if decision == "new":
             self.group.switch(index, ranks, self.forget_meshes)
-        cell_dir = Path(self.world.out_root, spec.out_dir, f"rank{local}")
-        cell_dir.mkdir(parents=True, exist_ok=True)
+        stacks = Path(self.world.out_root, cell_stacks(spec.out_dir, local))
+        stacks.parent.mkdir(parents=True, exist_ok=True)
         # On timeout the supervisor asks for stacks: they land in the cell's folder.
-        self.dumper.switch(cell_dir / "stacks.txt")
+        self.dumper.switch(stacks)
         t_env = time.perf_counter()
         self.env.enter(spec.out_dir, local=local, size=size)
         env_s = time.perf_counter() - t_env
-        write_typed(self.progress / marker_name(index, local, "start"), StartMarker(
+        write_typed(self.folder.marker(index, local, START), StartMarker(
             index=index, rank=local, id=spec.id, run=self.world.run_id, time=time.time(),
             log_offset=_log_offset()))
         self.isolation.before_cell()
@@ -414,14 +293,13 @@ class _Rank:
         pending = outcome.ok and bool(report["groups"] or report["created"])
         outcome = dataclasses.replace(outcome, log_end=_log_offset(), end_time=time.time(),
                                       final=not pending)
-        write_typed(self.progress / marker_name(index, local, "done"), outcome)
+        write_typed(self.folder.marker(index, local, DONE), outcome)
         t_b = time.perf_counter()
-        status = "recycle" if problems else ("ok" if outcome.ok else "error")
-        peers = exchange(self.store, index, local, size, self.world.pg_timeout_s, status,
-                         report)
+        mine = PeerReport(status=RECYCLE if problems else outcome.status, groups=report)
+        peers = exchange(self.store, index, local, size, self.world.pg_timeout_s, mine)
         t_d = time.perf_counter()
-        clean = all(s == "ok" for s, _ in peers.values())
-        verdict = judge({r: rep for r, (_, rep) in peers.items()}) if clean else None
+        clean = all(p.ok for p in peers.values())
+        verdict = judge({r: p.groups for r, p in peers.items()}) if clean else None
         t_probe = 0.0
         if pending:
             extra = list(verdict.blame.get(local, [])) if verdict else []
@@ -432,14 +310,14 @@ class _Rank:
             if extra:
                 outcome = blame_state(outcome, extra, recycle=False)
                 clean = False
-            write_typed(self.progress / marker_name(index, local, "done"),
+            write_typed(self.folder.marker(index, local, DONE),
                         dataclasses.replace(outcome, final=True))
         if problems:
             # What the case changed cannot be undone here: no later cell may run in
             # this process (the supervisor reruns them in a fresh world).
             self.tainted = True
         self.keep_or_drop(spec, mesh, clean and not destroyed, verdict, report)
-        if self.profile:
+        if self.world.profile:
             parts = " ".join(f"{k}={1000 * v:.1f}ms" for k, v in self.isolation.timings.items())
             print(f"PROFILE env={1000*env_s:.1f}ms "
                   f"checks={1000*(t_checked-t_after):.1f}ms ({parts}) "

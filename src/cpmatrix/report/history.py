@@ -32,12 +32,16 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
+from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.layout import RunLayout
 from cpmatrix.result import Result, Status
 
 __all__ = ["KEEP", "CellHistory", "RunRecord", "durations_of", "history_json", "load_histories",
-           "merge_histories", "parse_histories", "read_histories", "with_runs"]
+           "load_run_history", "merge_histories", "parse_histories", "read_histories",
+           "save_run_history", "with_runs"]
 
 #: Runs kept per cell (the oldest go first).
 KEEP: Final = 20
@@ -157,6 +161,25 @@ def load_histories(path: str | os.PathLike[str]) -> dict[str, CellHistory]:
         return read_histories(path)
     except (OSError, ValueError):
         return {}
+
+
+def load_run_history(out: Path) -> dict[str, CellHistory]:
+    """The history an output folder ``out`` holds (a run's or a merge's): the one reader of
+    a folder's ``durations.json``; none when absent or unreadable (:func:`load_histories`).
+
+    >>> import tempfile
+    >>> out = Path(tempfile.mkdtemp())
+    >>> save_run_history(out, {"c": CellHistory(duration_s=2.0)})
+    >>> load_run_history(out)["c"].duration_s, load_run_history(out / "nowhere")
+    (2.0, {})
+    """
+    return load_histories(RunLayout(out).durations)
+
+
+def save_run_history(out: Path, histories: Mapping[str, CellHistory]) -> None:
+    """Write ``histories`` as output folder ``out``'s ``durations.json`` (atomically): the
+    one writer, for a run and a merge alike."""
+    atomic_write_json(RunLayout(out).durations, history_json(histories))
 
 
 def durations_of(histories: Mapping[str, CellHistory]) -> dict[str, float]:

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from cpmatrix.fsutil import atomic_write_bytes
 from cpmatrix.matrix.schema import DTYPES, LEVELS
-from cpmatrix.report.history import CellHistory, load_histories
+from cpmatrix.report.history import CellHistory, load_run_history
 from cpmatrix.report.read import ReportCell, read_report
 from cpmatrix.result import Status
 
@@ -369,7 +369,7 @@ def write_html(report: Path, out: Path) -> None:
     Raises :class:`cpmatrix.gate.ReportError` for an unreadable report.
     """
     # The history beside the report (a run's or a merge's --out); none is no mark.
-    history = load_histories(report.with_name("durations.json"))
+    history = load_run_history(report.parent)
     page = render_html(read_report(report), source=os.fspath(report), history=history)
     atomic_write_bytes(os.fspath(out), page.encode("utf-8"))
 

@@ -14,14 +14,16 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
 from cpmatrix.fsutil import atomic_write_bytes
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.result import Result, Status, testcase_name
 
-__all__ = ["merge_junit", "results_to_junit", "write_suites",
+__all__ = ["merge_junit", "results_to_junit", "write_run_junit", "write_suites",
            "xml_safe"]
 
 _TEXT_LIMIT = 20_000
@@ -201,3 +203,16 @@ def write_suites(suites: Mapping[str, TestSuite], out: str | os.PathLike[str],
     xml.update_statistics()
     write_junit(out, xml)
     return xml
+
+
+def write_run_junit(layout: RunLayout, batches: Mapping[str, Sequence[Result]],
+                    cells: Mapping[str, Cell], out: Path, run_id: str = "",
+                    properties: Mapping[str, str] | None = None) -> None:
+    """A run's junit files: one per batch (``layout.world_junit(batch)``), merged into
+    ``out`` (report.xml)."""
+    files = []
+    for batch, results in batches.items():
+        path = layout.world_junit(batch)
+        write_junit(path, results_to_junit(results, cells, batch))
+        files.append(path)
+    merge_junit(files, out, run_id=run_id, properties=properties)

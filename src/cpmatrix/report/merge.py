@@ -47,15 +47,17 @@ from junitparser import JUnitXml, TestSuite
 
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.report.history import CellHistory, history_json, load_histories, merge_histories
+from cpmatrix.layout import RunLayout
+from cpmatrix.report.history import (
+    CellHistory,
+    load_run_history,
+    merge_histories,
+    save_run_history,
+)
 from cpmatrix.report.junit import results_to_junit, write_suites
 from cpmatrix.result import FailureKind, RankFailure, Result, Status, testcase_name
 
-__all__ = ["SHARD_FILE", "MergeSummary", "ShardManifest", "merge_shards", "selection_digest"]
-
-#: The manifest a sharded run writes into its ``--out``.
-SHARD_FILE = "shard.json"
-
+__all__ = ["MergeSummary", "ShardManifest", "merge_shards", "selection_digest"]
 
 def selection_digest(cell_ids: Iterable[str]) -> str:
     """Names the whole selection (order-free), so shards of different ones never mix.
@@ -115,7 +117,7 @@ class ShardManifest:
         return m
 
     def write(self, out: Path) -> None:
-        atomic_write_json(out / SHARD_FILE, self.to_dict())
+        atomic_write_json(RunLayout(out).shard_manifest, self.to_dict())
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +152,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _manifest(folder: Path) -> ShardManifest | None:
-    path = folder / SHARD_FILE
+    path = RunLayout(folder).shard_manifest
     if not path.exists():
         return None
     try:
@@ -162,11 +164,11 @@ def _manifest(folder: Path) -> ShardManifest | None:
 def _run_source(folder: Path) -> dict[str, Any] | None:
     """``run.json``'s ``source`` (the run's identity and its cells' digests), if any."""
     try:
-        source = _read_json(folder / "run.json").get("source")
+        source = _read_json(RunLayout(folder).run_info).get("source")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, AttributeError) as exc:
-        raise UsageError(f"{folder / 'run.json'}: unreadable ({exc})") from None
+        raise UsageError(f"{RunLayout(folder).run_info}: unreadable ({exc})") from None
     return source if isinstance(source, dict) else None
 
 
@@ -260,7 +262,7 @@ def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
     # Every shard's recorded durations and runs (the baseline it started from included):
     # the next sharding needs them all, so the merged folder can seed the next release's
     # shards, and the flake history is the union of the shards' runs.
-    history = merge_histories(load_histories(f.path / "durations.json") for f in read)
+    history = merge_histories(load_run_history(f.path) for f in read)
     for f in read:
         by_name = {case.name: (suite.name, case) for suite in f.xml for case in suite}
         for r in f.rows:
@@ -294,7 +296,7 @@ def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
         source={"digest": claimed[c]} if c in claimed else {}) for c in missing]
     _write(out, results, cases, suite_of, missing_results, history)
     sources = [f for f in read if f.source is not None]
-    atomic_write_json(out / "run.json", {
+    atomic_write_json(RunLayout(out).run_info, {
         "run_id": "merged",
         "merged_from": [{"folder": str(f.path), "source": f.source} for f in read],
         "source": {**{k: v for k, v in (sources[0].source or {}).items() if k != "cells"},
@@ -308,15 +310,15 @@ def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
 def _read_folder(folder: Path, warnings: list[str]) -> tuple[list[Result], JUnitXml]:
     """One run's results and report; a folder without them adds nothing (and a warning)."""
     try:
-        rows = [Result.from_dict(d) for d in _read_json(folder / "results.json")]
+        rows = [Result.from_dict(d) for d in _read_json(RunLayout(folder).results)]
     except FileNotFoundError:
         warnings.append(f"{folder}: no results.json (did that run finish?); its cells "
                         "count as missing")
         return [], JUnitXml()
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"{folder / 'results.json'}: unreadable ({exc})") from None
+        raise UsageError(f"{RunLayout(folder).results}: unreadable ({exc})") from None
     try:
-        xml = JUnitXml.fromfile(os.fspath(folder / "report.xml"))
+        xml = JUnitXml.fromfile(os.fspath(RunLayout(folder).report_xml))
     except (OSError, SyntaxError) as exc:
         warnings.append(f"{folder}: report.xml unreadable ({exc}); its cells are "
                         "rewritten from results.json")
@@ -344,13 +346,13 @@ def _write(out: Path, results: dict[str, Result], cases: dict[str, Any],
     for suite in results_to_junit(rebuilt, {}):
         for case in suite:
             add(case.classname or suite.name, case)
-    write_suites(suites, out / "report.xml", run_id="merged")
+    write_suites(suites, RunLayout(out).report_xml, run_id="merged")
     ordered = [*results.values(), *missing]
-    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered])
+    atomic_write_json(RunLayout(out).results, [r.to_dict() for r in ordered])
     # The runs are the shards' (already in their histories); a passing result's seconds
     # are the cell's duration all the same (a shard whose durations.json was lost).
     for r in ordered:
         if r.status is Status.PASSED and not r.mutant:
             old = history.get(r.cell_id, CellHistory())
             history[r.cell_id] = replace(old, duration_s=round(r.duration_s, 4))
-    atomic_write_json(out / "durations.json", history_json(history))
+    save_run_history(out, history)

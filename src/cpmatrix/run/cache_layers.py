@@ -46,12 +46,12 @@ from pathlib import Path
 
 from cpmatrix.errors import SpecError, UsageError
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_json, read_segment
+from cpmatrix.layout import RunLayout, cell_output_log, cell_output_logs
 from cpmatrix.matrix.schema import Cell, Matrix
-from cpmatrix.remote.protocol import cell_output_log, cell_output_logs
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ResultCache
-from cpmatrix.run.options import RunOptions
 from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
+from cpmatrix.run.settings import CacheSettings
 
 __all__ = ["ENTRY_PATH", "CacheLayers", "remote_settings"]
 
@@ -67,7 +67,7 @@ _LOG_CAP = 1 << 16
 _NOTES_SHOWN = 5
 
 
-def remote_settings(options: RunOptions, matrix: Matrix) -> RemoteSettings | None:
+def remote_settings(options: CacheSettings, matrix: Matrix) -> RemoteSettings | None:
     """The run's remote cache: ``--remote-cache`` over the matrix's ``remote_cache:``;
     None with ``--no-cache``, ``--remote-cache ""`` or neither. UsageError / SpecError
     (exit 2, naming the flag or ``file:line:column``) for a bad URL."""
@@ -239,7 +239,7 @@ class CacheLayers:
     def record(self, out: Path) -> None:
         """Add what the caches did to ``out/run.json`` (after :meth:`finish`)."""
         try:
-            run = read_json(out / "run.json")
+            run = read_json(RunLayout(out).run_info)
         except (OSError, ValueError):
             return
         if not isinstance(run, dict):
@@ -251,4 +251,4 @@ class CacheLayers:
                                "read_only": self.remote.settings.read_only,
                                **asdict(self.remote.stats)}
         run["cache"] = cache
-        atomic_write_json(out / "run.json", run)
+        atomic_write_json(RunLayout(out).run_info, run)

@@ -6,7 +6,7 @@ Example::
 
     >>> from cpmatrix.run.runners import get_runner
     >>> ctx = RunContext(out_root=Path("out"), runner=get_runner("local"), run_id="r1")
-    >>> ctx.abort_grace_s, ctx.teardown_grace_s
+    >>> ctx.timings.abort_grace_s, ctx.timings.teardown_grace_s
     (5.0, 20.0)
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.runners.base import Runner
+from cpmatrix.run.settings import FaultTimings, Launcher
 
 __all__ = ["RunContext"]
 
@@ -35,7 +36,7 @@ class RunContext:
     #: The interpreter that launches the children (``--python``).
     python: str = sys.executable
     #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.remote.forkrun`) or ``torchrun``.
-    launcher: str = "fork"
+    launcher: Launcher = "fork"
     #: The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
     pythonpath: tuple[str, ...] = ()
     #: The matrix's own pythonpath folders: modules a cell imports from them are
@@ -43,16 +44,8 @@ class RunContext:
     project_roots: tuple[str, ...] = ()
     #: Folders a hermetic runner mounts read-only besides ``pythonpath`` (the matrix's).
     readonly: tuple[str, ...] = ()
-    #: After one rank fails a cell, how long the others may take to finish it.
-    abort_grace_s: float = 5.0
-    #: How long a world may take to start its first cell.
-    startup_timeout_s: float = 180.0
-    #: Between the stack-dump request (SIGUSR1) and the kill.
-    dump_wait_s: float = 1.5
-    #: After every cell of a world is in, how long its ranks may take to exit.
-    teardown_grace_s: float = 20.0
-    #: After a rank died, how long torchrun may take to tear the world down itself.
-    dead_rank_grace_s: float = 3.0
+    #: How long a world may take at each step before cpmatrix acts (``--abort-grace``, ...).
+    timings: FaultTimings = field(default_factory=FaultTimings)
     #: How a world places its cells on its ranks (slots or serial; ranks per world).
     pack: PackSpec = field(default_factory=PackSpec)
     #: Expected seconds per cell id (recorded durations) that worlds are packed by.
@@ -65,3 +58,5 @@ class RunContext:
     sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: ``--order`` as given (``random:SEED`` with its seed), "" for the planner's own.
     order: str = ""
+    #: ``--profile``: the ranks print each cell's timings (``WorldSpec.profile``).
+    profile: bool = False

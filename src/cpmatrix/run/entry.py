@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from cpmatrix.layout import cell_dir
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.result import testcase_name
 
@@ -56,7 +57,7 @@ class Entry:
     def out_dir(self) -> str:
         """The cell's folder, relative to the run's output folder (``run-K`` below it for
         one of N runs)."""
-        base = f"cells/{cell_folder(self.cell.id)}"
+        base = cell_dir(cell_folder(self.cell.id))
         if self.mutant:
             base = f"{base}/mutant-{cell_folder(self.mutant)}"
         return f"{base}/run-{self.run}" if self.run else base

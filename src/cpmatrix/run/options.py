@@ -35,13 +35,29 @@ from cpmatrix.errors import UsageError
 from cpmatrix.run.balance import parse_shard
 from cpmatrix.run.ordering import parse_order
 from cpmatrix.run.remote_cache import RemoteSettings
+from cpmatrix.run.settings import (
+    CacheSettings,
+    FaultTimings,
+    Launcher,
+    Packing,
+    PlanSettings,
+    RunnerChoice,
+    SchedulerName,
+    SlurmSettings,
+    choices,
+)
 
 __all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_run_arguments", "resolve_interpreter"]
 
 #: How a world's ranks are started (see docs/worlds.md for the measured choice).
-LAUNCHERS = ("fork", "torchrun")
+LAUNCHERS = choices(Launcher)
 #: How a world places its cells on its ranks (see docs/worlds.md).
-PACKINGS = ("slots", "serial")
+PACKINGS = choices(Packing)
+#: The sections' defaults, which the flags' defaults are (each defined once, there).
+_TIMINGS = FaultTimings()
+_SLURM = SlurmSettings()
+_PLAN = PlanSettings()
+_CACHE = CacheSettings()
 
 
 def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
@@ -55,19 +71,19 @@ class RunOptions:
     out: str = field(default="out", metadata=_flag(
         "--out", "output folder, claimed by one run at a time (default: %(default)s)",
         metavar="DIR"))
-    batch_size: int | None = field(default=None, metadata=_flag(
+    batch_size: int | None = field(default=_PLAN.batch_size, metadata=_flag(
         "--batch-size", "cells per world (default: one world per platform)",
         metavar="N", type=int))
     jobs: int = field(default=1, metadata=_flag(
         "--jobs", "worlds (jobs) run at once", metavar="N", type=int))
-    runner: str = field(default="local", metadata=_flag(
+    runner: RunnerChoice = field(default="local", metadata=_flag(
         "--runner", "how worlds are isolated: local, sandbox, docker, or auto "
         "(docker > sandbox > local; default: %(default)s)"))
-    launcher: str = field(default="fork", metadata=_flag(
+    launcher: Launcher = field(default="fork", metadata=_flag(
         "--launcher", "how a local world's ranks start: fork (one parent imports torch "
         "once, then forks the ranks) or torchrun (default: %(default)s)",
         choices=LAUNCHERS))
-    pack: str = field(default="slots", metadata=_flag(
+    pack: Packing = field(default="slots", metadata=_flag(
         "--pack", "how a world runs its cells: slots (cells on disjoint ranks at once, "
         "each in a process group of its own ranks, packed widest and longest first) or "
         "serial (one cell at a time) (default: %(default)s)", choices=PACKINGS))
@@ -83,7 +99,7 @@ class RunOptions:
     gpus: int | None = field(default=None, metadata=_flag(
         "--gpus", "cuda devices in the pool (default: all visible); cuda cells with more "
         "ranks are skipped", metavar="N", type=int))
-    keep_order: bool = field(default=False, metadata=_flag(
+    keep_order: bool = field(default=_PLAN.keep_order, metadata=_flag(
         "--keep-order",
         "run cells one at a time in matrix order (within each size) instead of "
         "longest-first", action="store_true"))
@@ -95,39 +111,43 @@ class RunOptions:
     python: str = field(default=sys.executable, metadata=_flag(
         "--python", "interpreter that launches the worlds (default: this one)",
         metavar="PATH"))
-    no_cache: bool = field(default=False, metadata=_flag(
+    no_cache: bool = field(default=_CACHE.no_cache, metadata=_flag(
         "--no-cache", "run every cell; do not reuse or store cached passes",
         action="store_true"))
-    cache_dir: str | None = field(default=None, metadata=_flag(
+    cache_dir: str | None = field(default=_CACHE.cache_dir, metadata=_flag(
         "--cache-dir", "result cache folder (default: $XDG_CACHE_HOME/cpmatrix)",
         metavar="DIR"))
-    remote_cache: str | None = field(default=None, metadata=_flag(
+    remote_cache: str | None = field(default=_CACHE.remote_cache, metadata=_flag(
         "--remote-cache", "a Bazel HTTP remote cache behind the local one (bazel-remote, "
         "nginx WebDAV): http(s)://host[:port][/prefix]; overrides the matrix's "
         "remote_cache:, \"\" turns it off; credentials from $CPMATRIX_REMOTE_CACHE_TOKEN "
         "or netrc, never the URL (docs/cache.md)", metavar="URL"))
-    remote_cache_read_only: bool = field(default=False, metadata=_flag(
+    remote_cache_read_only: bool = field(default=_CACHE.remote_cache_read_only, metadata=_flag(
         "--remote-cache-read-only", "read the remote cache, never write it (pull-request "
         "builds)", action="store_true"))
     plain: bool = field(default=False, metadata=_flag(
         "--plain", "plain progress lines even on a terminal", action="store_true"))
-    abort_grace_s: float = field(default=5.0, metadata=_flag(
+    abort_grace_s: float = field(default=_TIMINGS.abort_grace_s, metadata=_flag(
         "--abort-grace", "seconds the other ranks get to finish a cell after one rank "
         "failed it (then the world is torn down)", metavar="S", type=float))
-    startup_timeout_s: float = field(default=180.0, metadata=_flag(
+    startup_timeout_s: float = field(default=_TIMINGS.startup_timeout_s, metadata=_flag(
         "--startup-timeout", "seconds a world may take to start its first cell",
         metavar="S", type=float))
-    teardown_grace_s: float = field(default=20.0, metadata=_flag(
+    teardown_grace_s: float = field(default=_TIMINGS.teardown_grace_s, metadata=_flag(
         "--teardown-grace", "seconds a world's ranks may take to exit after its last cell",
         metavar="S", type=float))
-    dead_rank_grace_s: float = field(default=3.0, metadata=_flag(
+    dead_rank_grace_s: float = field(default=_TIMINGS.dead_rank_grace_s, metadata=_flag(
         "--dead-rank-grace", "seconds torchrun gets to tear a world down after a rank died "
         "(then cpmatrix does)", metavar="S", type=float))
-    dump_wait_s: float = field(default=1.5, metadata=_flag(
+    dump_wait_s: float = field(default=_TIMINGS.dump_wait_s, metadata=_flag(
         "--dump-wait", "seconds between asking a hung world for its stacks and killing it",
         metavar="S", type=float))
+    profile: bool = field(default=False, metadata=_flag(
+        "--profile", "each rank prints a PROFILE line per cell into its log: the times of "
+        "the cell's environment, isolation checks, barrier, group check and setup",
+        action="store_true"))
 
-    runs_per_test: int = field(default=1, metadata=_flag(
+    runs_per_test: int = field(default=_PLAN.runs, metadata=_flag(
         "--runs-per-test", "run each selected cell N times (run numbers 1..N, each its own "
         "seed; run 1 keeps a plain run's): a cell whose runs disagree is FLAKY, one that "
         "fails them all fails; the result cache is off (default: %(default)s)",
@@ -140,21 +160,21 @@ class RunOptions:
         "--durations", "recorded durations to balance shards and Slurm jobs by: an earlier "
         "run's durations.json, e.g. the last release's (default: the one in --out)",
         metavar="FILE"))
-    scheduler: str = field(default="host", metadata=_flag(
+    scheduler: SchedulerName = field(default="host", metadata=_flag(
         "--scheduler", "where worlds run: host (this machine) or slurm (each world a "
         "Slurm job started with srun; --out must be on a filesystem the nodes share) "
-        "(default: %(default)s)", choices=("host", "slurm")))
+        "(default: %(default)s)", choices=choices(SchedulerName)))
     partition: str | None = field(default=None, metadata=_flag(
         "--partition", "Slurm partition of the jobs (default: the cluster's)", metavar="P"))
     account: str | None = field(default=None, metadata=_flag(
         "--account", "Slurm account charged for the jobs", metavar="A"))
-    max_jobs: int = field(default=8, metadata=_flag(
+    max_jobs: int = field(default=_SLURM.max_jobs, metadata=_flag(
         "--max-jobs", "Slurm jobs in flight at once (default: %(default)s)", metavar="N",
         type=int))
     slurm_args: tuple[str, ...] = field(default=(), metadata=_flag(
         "--slurm-arg", "one more argument for srun, e.g. --slurm-arg=--time=30 "
         "(repeatable)", metavar="ARG", action="append", dest_default=()))
-    pending_timeout_s: float = field(default=600.0, metadata=_flag(
+    pending_timeout_s: float = field(default=_SLURM.pending_timeout_s, metadata=_flag(
         "--pending-timeout", "seconds a Slurm job may wait PENDING before its cells fail "
         "(default: %(default)s)", metavar="S", type=float))
 
@@ -173,8 +193,9 @@ class RunOptions:
             raise UsageError(f"--max-jobs must be >= 1, got {self.max_jobs}")
         if self.shard is not None:
             parse_shard(self.shard)
-        if self.scheduler != "slurm" and (self.partition or self.account or self.slurm_args):
-            raise UsageError("--partition, --account and --slurm-arg need --scheduler slurm")
+        if self.scheduler not in choices(SchedulerName):
+            raise UsageError(f"--scheduler must be one of {', '.join(choices(SchedulerName))}, "
+                             f"got {self.scheduler!r}")
         if self.launcher not in LAUNCHERS:
             raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
                              f"got {self.launcher!r}")
@@ -198,6 +219,35 @@ class RunOptions:
             if value is not None:
                 object.__setattr__(self, name, os.path.abspath(os.path.expanduser(value)))
         object.__setattr__(self, "python", resolve_interpreter(self.python))
+
+    @property
+    def timings(self) -> FaultTimings:
+        """``--abort-grace``, ``--startup-timeout``, ... as the jobs read them."""
+        return FaultTimings(
+            abort_grace_s=self.abort_grace_s, startup_timeout_s=self.startup_timeout_s,
+            teardown_grace_s=self.teardown_grace_s, dead_rank_grace_s=self.dead_rank_grace_s,
+            dump_wait_s=self.dump_wait_s)
+
+    @property
+    def slurm(self) -> SlurmSettings:
+        """``--partition``, ``--account``, ``--slurm-arg``, ``--pending-timeout``,
+        ``--max-jobs``."""
+        return SlurmSettings(partition=self.partition, account=self.account,
+                             extra_args=tuple(self.slurm_args),
+                             pending_timeout_s=self.pending_timeout_s, max_jobs=self.max_jobs)
+
+    @property
+    def planning(self) -> PlanSettings:
+        """``--batch-size``, ``--keep-order``, ``--runs-per-test``."""
+        return PlanSettings(batch_size=self.batch_size, keep_order=self.keep_order,
+                            runs=self.runs_per_test)
+
+    @property
+    def caching(self) -> CacheSettings:
+        """``--no-cache``, ``--cache-dir``, ``--remote-cache``, ``--remote-cache-read-only``."""
+        return CacheSettings(no_cache=self.no_cache, cache_dir=self.cache_dir,
+                             remote_cache=self.remote_cache,
+                             remote_cache_read_only=self.remote_cache_read_only)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> RunOptions:

@@ -37,15 +37,10 @@ from pathlib import Path
 from typing import IO
 
 from cpmatrix.errors import UsageError
+from cpmatrix.layout import LOCK, MARKER, OUTPUTS, REPORT_XML
 
-__all__ = ["MARKER", "OUTPUTS", "OutClaim", "claim_out"]
+__all__ = ["OutClaim", "claim_out"]
 
-#: Marks a folder cpmatrix created (or adopted empty) as its own.
-MARKER = ".cpmatrix-out"
-_LOCK = ".cpmatrix.lock"
-#: What a run writes: the previous run's copies go before this run starts.
-OUTPUTS = ("report.xml", "results.json", "report.html", "run.json", "worlds", "cells",
-           "spill")
 
 
 @dataclass
@@ -70,14 +65,14 @@ def claim_out(path: Path) -> OutClaim:
         if entries:
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
             older = (" (if it is the output of a cpmatrix older than the marker, delete it "
-                     "once by hand)" if "report.xml" in entries else "")
+                     "once by hand)" if REPORT_XML in entries else "")
             raise UsageError(
                 f"--out {path}: not a cpmatrix output folder (no {MARKER} marker) and not "
                 f"empty ({shown}); a run only ever deletes files it wrote itself: choose a "
                 f"new or empty folder{older}")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        lock = open(path / _LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
+        lock = open(path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
     except OSError as exc:
         raise UsageError(f"--out {path}: cannot use it: {exc}") from None
     try:

@@ -27,9 +27,9 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.procs import (
     descendants,
@@ -41,80 +41,29 @@ from cpmatrix.remote.procs import (
 from cpmatrix.report.history import (
     CellHistory,
     durations_of,
-    history_json,
-    load_histories,
+    load_run_history,
     merge_histories,
+    save_run_history,
     with_runs,
 )
-from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
+from cpmatrix.report.junit import write_run_junit
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import EXECUTORS, Executor, Job, executor_for
+from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
+from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.run.stopping import Stopper, StopRequested
 
-__all__ = ["RunReport", "load_durations", "run_cells"]
+__all__ = ["JobPool", "Known", "Watch", "run_cells"]
 
 #: How often a job that never starts is launched again before its cells fail.
 START_RETRIES = 2
 #: How often a batch's job may be ended from outside (a Slurm job cancelled, past its
 #: time limit, its node lost) before its unfinished cells end ``infra``.
 LOST_RETRIES = 2
-
-
-@dataclass
-class RunReport:
-    """What a run produced; ``results`` maps entry key -> result, in plan order."""
-
-    results: dict[str, Result]
-    wall_s: float
-    report_path: Path
-    #: Executor name -> jobs planned, and jobs started (restarts and retries included).
-    planned: dict[str, int] = field(default_factory=dict)
-    starts: dict[str, int] = field(default_factory=dict)
-    #: The signal that stopped the run early (SIGINT, SIGTERM), if any.
-    stopped_by: int | None = None
-
-    @property
-    def worlds(self) -> int:
-        return self.planned.get("world", 0) + self.planned.get("pytest", 0)
-
-    @property
-    def world_starts(self) -> int:
-        return self.starts.get("world", 0) + self.starts.get("pytest", 0)
-
-    def mutant_line(self) -> str:
-        """``mutants: K/J killed (kill rate X%)`` over the judged ones, naming the
-        survivors and the mutants not judged (their unmutated cell did not pass)."""
-        runs = [r for r in self.results.values() if r.mutant]
-        unjudged = [r for r in runs if r.status is Status.NOT_JUDGED]
-        judged = [r for r in runs if r.status is not Status.NOT_JUDGED]
-        killed = [r for r in judged if r.status is Status.KILLED]
-        survivors = [testcase_name(r.cell_id, r.mutant) for r in judged if r not in killed]
-        rate = 100.0 * len(killed) / len(judged) if judged else 100.0
-        line = f"mutants: {len(killed)}/{len(judged)} killed (kill rate {rate:.1f}%)"
-        if unjudged:
-            line += (f"; {len(unjudged)} not judged (left out of the kill rate: their "
-                     "unmutated cell did not pass in this run)")
-        if survivors:
-            line += "\nsurvived (vacuous for these bugs):\n  " + "\n  ".join(survivors)
-        if unjudged:
-            line += "\nnot judged (fix the cell first):\n  " + "\n  ".join(
-                testcase_name(r.cell_id, r.mutant) for r in unjudged)
-        return line
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.results.values():
-            out[r.status.value] = out.get(r.status.value, 0) + 1
-        return out
-
-
-def load_durations(out_root: Path) -> dict[str, float]:
-    """The seconds each cell's last passing run took, from ``out_root``'s durations.json."""
-    return durations_of(load_histories(out_root / "durations.json"))
 
 
 @dataclass
@@ -131,45 +80,55 @@ class _Item:
     lost: int = 0
 
 
-def run_cells(
-    cells: Sequence[Cell],
-    platforms: Mapping[str, Platform],
-    context: RunContext,
-    *,
-    batch_size: int | None = None,
-    jobs: int = 1,
-    worlds: int | None = None,
-    devices: int = 0,
-    mutants: Mapping[str, Sequence[str]] | None = None,
-    keep_order: bool = False,
-    cached: Mapping[str, Result] | None = None,
-    store: Callable[[Cell, Result], None] | None = None,
-    on_result: Callable[[Entry, Result], None] | None = None,
-    on_start: Callable[[int], None] | None = None,
-    stopper: Stopper | None = None,
-    skipped: Sequence[tuple[Cell, str]] = (),
-    wrap_job: Callable[[Job], Job] | None = None,
-    recorded: Mapping[str, CellHistory] | None = None,
-    runs: int = 1,
-) -> RunReport:
-    """Run ``cells`` (or, with ``mutants``, each cell once per mutant) and write the report.
+@dataclass(frozen=True, kw_only=True)
+class JobPool:
+    """Jobs at once, cuda devices in the pool, worlds per platform (default ``jobs``),
+    and the scheduler's job wrapper (:class:`cpmatrix.run.schedulers.Scheduling`)."""
 
-    ``wrap_job`` makes each job another scheduler's (:class:`cpmatrix.run.slurm.SlurmJob`);
-    its jobs then start longest-expected first, so each of the ``jobs`` slots takes the
-    longest world left when it frees: greedy longest-first onto the least-loaded job.
+    jobs: int = 1
+    devices: int = 0
+    worlds: int | None = None
+    #: Makes each job another scheduler's (:class:`cpmatrix.run.slurm.SlurmJob`); its
+    #: jobs then start longest-expected first, so each of the ``jobs`` slots takes the
+    #: longest world left when it frees: greedy longest-first onto the least-loaded job.
+    wrap_job: Callable[[Job], Job] | None = None
 
-    ``worlds``: how many worlds to split each platform's cells into (default ``jobs``).
 
-    ``recorded`` adds histories (``--durations``) to those of ``out``: the durations to
-    plan by, and the runs the history written to ``out`` starts from.
+@dataclass(frozen=True, kw_only=True)
+class Known:
+    """What is known of the cells before the run: cached passes (and how to store new
+    ones), declared mutants, cells skipped here with why, recorded histories."""
 
-    ``runs`` (``--runs-per-test``): each cell runs that many times (run numbers 1..N),
-    the report holds one result per cell, its runs combined (``Result.runs``,
+    cached: Mapping[str, Result] = field(default_factory=dict)
+    store: Callable[[Cell, Result], None] | None = None
+    mutants: Mapping[str, Sequence[str]] | None = None
+    #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
+    #: visible, see :func:`cpmatrix.run.plan.fit_to_devices`): reported ``skipped``.
+    skipped: Sequence[tuple[Cell, str]] = ()
+    #: Histories (``--durations``) beside ``out``'s own: to plan by, and to start from.
+    recorded: Mapping[str, CellHistory] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Watch:
+    """Who hears of the run: the total when it starts, each result; the stopper."""
+    on_start: Callable[[int], None] | None = None
+    on_result: Callable[[Entry, Result], None] | None = None
+    stopper: Stopper | None = None
+
+
+#: One job at a time, nothing known, nobody watching: a plain run's sections.
+_ONE_BY_ONE, _NOTHING_KNOWN, _UNWATCHED = JobPool(), Known(), Watch()
+
+
+def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context: RunContext,
+              *, plan: PlanSettings = PLAN_DEFAULTS, pool: JobPool = _ONE_BY_ONE,
+              known: Known = _NOTHING_KNOWN, watch: Watch = _UNWATCHED) -> RunReport:
+    """Run ``cells`` (with ``known.mutants``: once per mutant too); write the report.
+
+    ``plan.runs`` (``--runs-per-test``): each cell runs that many times (run numbers
+    1..N), the report holds one result per cell, its runs combined (``Result.runs``,
     ``runs_passed``); the history gets every run.
-
-    ``skipped`` holds cells that are not run here, each with the reason (a cuda cell
-    wider than the GPUs visible, see :func:`cpmatrix.run.plan.fit_to_devices`): no job is
-    planned for them, and the report holds each as ``skipped`` with that message.
 
     The report is written whatever happens: a Ctrl-C/SIGTERM (``StopRequested``) ends the
     run early with the unfinished cells ``interrupted`` (``RunReport.stopped_by``); an
@@ -179,49 +138,82 @@ def run_cells(
     out = context.out_root
     out.mkdir(parents=True, exist_ok=True)
     # A previous run's worlds and cell folders would be read as this run's progress.
-    for stale in ("worlds", "cells", "spill"):
-        shutil.rmtree(out / stale, ignore_errors=True)
+    layout = RunLayout(out)
+    for stale in layout.job_folders():
+        shutil.rmtree(stale, ignore_errors=True)
     # --durations (an earlier release's) first; this folder's own records win over it.
-    history = merge_histories([recorded or {}, load_histories(out / "durations.json")])
-    durations = durations_of(history)
+    history = merge_histories([known.recorded or {}, load_run_history(out)])
     # Worlds pack their cells onto their ranks by these (a handed-back rest included);
     # with --order by none, so that one order always gives one placement.
-    planning = {} if context.pack.ordered else durations
+    planning = {} if context.pack.ordered else durations_of(history)
     context = replace(context, durations=planning)
-    session = _Session(context, platforms, jobs=jobs, devices=devices, store=store,
-                       on_result=on_result, wrap_job=wrap_job)
-    cached = cached or {}
-    hits = [c for c in cells if c.id in cached and not mutants]
-    todo = [c for c in cells if not (c.id in cached and not mutants)]
-    weights: dict[str, float] = {}
-    run_numbers: dict[str, int] = {}
-    for executor in EXECUTORS:
-        mine = [c for c in todo if executor_for(c.kind) is executor for _ in range(runs)]
-        for b in executor.plan(mine, durations=planning, batch_size=batch_size,
-                               keep_order=keep_order,
-                               worlds=jobs if worlds is None else worlds, pack=context.pack,
-                               mutants=mutants if executor.supports_mutants else None):
-            weights[b.name] = b.expected_s
-            entries = [Entry(cell=c, mutant=b.mutant_of(i),
-                             run=next_run(run_numbers, c.id) if runs > 1 else 0)
-                       for i, c in enumerate(b.cells)]
-            session.planned.extend(entries)
-            session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
-            session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
-    if wrap_job is not None:
-        session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
-    if on_start is not None:
-        on_start(len(session.planned) + len(hits))
+    session = _Session(context, platforms, pool=pool, store=known.store,
+                       on_result=watch.on_result)
+    hits = _plan_session(session, cells, plan, known, pool)
+    if watch.on_start is not None:
+        watch.on_start(len(session.planned) + len(hits))
     for c in hits:
         entry = Entry(cell=c)
         session.planned.append(entry)
-        session.record("cached", entry, cached[c.id])
-    for c, why in skipped:
+        session.record("cached", entry, known.cached[c.id])
+    for c, why in known.skipped:
         entry = Entry(cell=c)
         session.planned.append(entry)
         session.record("skipped", entry, Result(cell_id=c.id, status=Status.SKIPPED,
                                                 message=f"not run: {why}"), notify=False)
+    stopped_by, internal = _drive(session, watch.stopper)
+    ordered = {e.key: session.results[e.key] for e in session.planned}
+    # Every run, before its cell's runs are combined: the history is the runs'.
+    runs_history = with_runs(history, ordered.values(), at=time.time())
+    if plan.runs > 1:
+        ordered, session.by_batch = combine_entries(session.planned, ordered,
+                                                     session.by_batch)
+    report = layout.report_xml
+    write_run_junit(layout,
+                    {b: [ordered[k] for k in keys] for b, keys in session.by_batch.items()},
+                    {c.id: c for c in (*cells, *(c for c, _ in known.skipped))}, report,
+                    run_id=context.run_id,
+                    properties={"cpmatrix.order": context.order} if context.order else None)
+    atomic_write_json(layout.results, [r.to_dict() for r in ordered.values()])
+    save_run_history(out, runs_history)
+    if internal is not None:
+        raise internal
+    return RunReport(
+        results=ordered, wall_s=time.monotonic() - session.t0, report_path=report,
+        planned=session.jobs_planned, starts=session.jobs_started, stopped_by=stopped_by,
+    )
 
+
+def _plan_session(session: _Session, cells: Sequence[Cell], plan: PlanSettings,
+                  known: Known, pool: JobPool) -> list[Cell]:
+    """Queue every executor's batches (each cell ``plan.runs`` times); the cached cells."""
+    mutants = known.mutants
+    hits = [c for c in cells if c.id in known.cached and not mutants]
+    todo = [c for c in cells if not (c.id in known.cached and not mutants)]
+    weights: dict[str, float] = {}
+    run_numbers: dict[str, int] = {}
+    for executor in EXECUTORS:
+        mine = [c for c in todo if executor_for(c.kind) is executor for _ in range(plan.runs)]
+        for b in executor.plan(mine, plan, durations=session.context.durations,
+                               worlds=pool.jobs if pool.worlds is None else pool.worlds,
+                               pack=session.context.pack,
+                               mutants=mutants if executor.supports_mutants else None):
+            weights[b.name] = b.expected_s
+            entries = [Entry(cell=c, mutant=b.mutant_of(i),
+                             run=next_run(run_numbers, c.id) if plan.runs > 1 else 0)
+                       for i, c in enumerate(b.cells)]
+            session.planned.extend(entries)
+            session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
+            session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
+    if pool.wrap_job is not None:
+        session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
+    return hits
+
+
+def _drive(session: _Session, stopper: Stopper | None
+           ) -> tuple[int | None, BaseException | None]:
+    """Run the queued jobs to the end; (the signal that stopped them, an internal error).
+    Whatever ends the loop, no process of the run is left and every entry has a result."""
     stopped_by: int | None = None
     internal: BaseException | None = None
     children_before = set(descendants(os.getpid()))
@@ -238,49 +230,25 @@ def run_cells(
         if stopper is not None:
             stopper.hold()  # from here on a signal only waits for the report
         session.kill_jobs()
-        _sweep_run(context.run_id, children_before)
+        _sweep_run(session.context.run_id, children_before)
         if subreaper:
             set_child_subreaper(False)
     session.close_unfinished(stopped_by, internal)
-
-    ordered = {e.key: session.results[e.key] for e in session.planned}
-    # Every run, before its cell's runs are combined: the history is the runs'.
-    history = with_runs(history, ordered.values(), at=time.time())
-    if runs > 1:
-        ordered, session.by_batch = combine_entries(session.planned, ordered,
-                                                     session.by_batch)
-    cell_index = {c.id: c for c in (*cells, *(c for c, _ in skipped))}
-    world_files = []
-    for batch, keys in session.by_batch.items():
-        path = out / "worlds" / f"{batch}.junit.xml"
-        write_junit(path, results_to_junit([ordered[k] for k in keys], cell_index, batch))
-        world_files.append(path)
-    report = out / "report.xml"
-    merge_junit(world_files, report, run_id=context.run_id,
-                properties={"cpmatrix.order": context.order} if context.order else None)
-    atomic_write_json(out / "results.json", [r.to_dict() for r in ordered.values()])
-    atomic_write_json(out / "durations.json", history_json(history))
-    if internal is not None:
-        raise internal
-    return RunReport(
-        results=ordered, wall_s=time.monotonic() - session.t0, report_path=report,
-        planned=session.jobs_planned, starts=session.jobs_started, stopped_by=stopped_by,
-    )
+    return stopped_by, internal
 
 
 class _Session:
     """The state of one run: the queue of batches, the running jobs, and the results."""
 
     def __init__(self, context: RunContext, platforms: Mapping[str, Platform], *,
-                 jobs: int, devices: int, store: Callable[[Cell, Result], None] | None,
-                 on_result: Callable[[Entry, Result], None] | None,
-                 wrap_job: Callable[[Job], Job] | None = None) -> None:
+                 pool: JobPool, store: Callable[[Cell, Result], None] | None,
+                 on_result: Callable[[Entry, Result], None] | None) -> None:
         self.context = context
-        self.wrap_job = wrap_job
+        self.wrap_job = pool.wrap_job
         self.platforms = platforms
-        self.jobs = max(1, jobs)
-        self.devices = devices
-        self.pool = DevicePool(devices)
+        self.jobs = max(1, pool.jobs)
+        self.devices = pool.devices
+        self.pool = DevicePool(pool.devices)
         self.store = store
         self.on_result = on_result
         self.t0 = time.monotonic()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.result import Result
@@ -40,6 +41,7 @@ from cpmatrix.run.portable import Anchors, project_root
 from cpmatrix.run.provenance import cell_digests, run_source, stamp
 from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
+from cpmatrix.run.schedulers import Scheduler, scheduler_for
 from cpmatrix.run.toolchain import probe_interpreter
 
 __all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
@@ -86,14 +88,15 @@ def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
     return devices, list(cells), [], needs
 
 
-def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: int) -> PackSpec:
+def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: int,
+              scheduler: Scheduler | None = None) -> PackSpec:
     """How the run's worlds place cells on their ranks (``--pack``, ``--world-ranks``).
 
     A cuda platform's cells stay in one world over every GPU of the host (``devices``;
     under Slurm, one node's), whatever ``--jobs`` says: packing runs its narrow cells side
     by side on the devices, where several worlds would each hold their widest cell's GPUs.
-    Under Slurm its worlds are split over nodes as any platform's. ``--world-ranks`` asks
-    for more (cpu) or fewer ranks.
+    Under Slurm (``scheduler.whole_platform`` false) its worlds are split over nodes as
+    any platform's. ``--world-ranks`` asks for more (cpu) or fewer ranks.
 
     >>> from cpmatrix.matrix.schema import Platform
     >>> cpu = Platform(name="cpu", backend="gloo", device="cpu")
@@ -106,6 +109,7 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
     """
     ranks: list[tuple[str, int]] = []
     whole: list[str] = []
+    keep_whole = (scheduler or scheduler_for(options)).whole_platform
     for p in platforms:
         if options.world_ranks is not None and options.world_ranks > p.max_ranks:
             raise UsageError(
@@ -115,7 +119,7 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
         if p.device == "cuda":
             want = devices if options.world_ranks is None else min(options.world_ranks, devices)
             ranks.append((p.name, max(1, want)))
-            if options.scheduler != "slurm":
+            if keep_whole:
                 whole.append(p.name)
         elif options.world_ranks is not None:
             ranks.append((p.name, options.world_ranks))
@@ -135,9 +139,7 @@ def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
         pythonpath=(*matrix.pythonpath, str(IMPORT_ROOT)),
         project_roots=matrix.pythonpath,
         readonly=(str(Path(matrix.path).resolve().parent),),
-        abort_grace_s=options.abort_grace_s, startup_timeout_s=options.startup_timeout_s,
-        dump_wait_s=options.dump_wait_s, teardown_grace_s=options.teardown_grace_s,
-        dead_rank_grace_s=options.dead_rank_grace_s,
+        timings=options.timings, profile=options.profile,
         compile_cache=None if _uncached(options) else cache_root(options) / "spill",
     )
 
@@ -154,7 +156,8 @@ def cache_root(options: RunOptions) -> Path:
 
 def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
                 claim: OutClaim, *, keys: ActionKeys | None = None,
-                selection: Sequence[Cell] | None = None, order: str = "") -> PreparedRun:
+                selection: Sequence[Cell] | None = None, order: str = "",
+                scheduler: Scheduler | None = None) -> PreparedRun:
     """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
 
     ``keys``: the run's source digests (made here if not given); ``selection``: the whole
@@ -168,18 +171,8 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     out = Path(options.out).resolve()
     platforms = {p.name: p for p in matrix.platforms}
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
-    if needs and devices == 0:
-        if options.scheduler == "slurm":
-            raise UsageError("the selection has cuda cells: with --scheduler slurm, give "
-                             "the GPUs of one node with --gpus N (the submit host's do "
-                             "not count)")
-        raise UsageError("the selection has cuda cells but no CUDA device is visible "
-                         "(use --dry-run to check the plan on a CPU machine)")
-    if needs and options.gpus is not None and options.scheduler != "slurm":
-        seen = visible_cuda_devices()
-        if seen < options.gpus:
-            print(f"warning: --gpus {options.gpus}, but {seen} CUDA devices are visible "
-                  "here: a world given a device that is not there fails", file=sys.stderr)
+    (scheduler or scheduler_for(options)).check_devices(needs=needs, devices=devices,
+                                                        gpus=options.gpus)
     runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
                                  Path(matrix.path).resolve().parent)
     probe = probe_interpreter(options.python)
@@ -195,8 +188,8 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
         if options.mutants else None
     cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
                                                mutants is not None, toolchain, keys, anchors,
-                                               remote_settings(options, matrix))
-    atomic_write_json(out / "run.json", {
+                                               remote_settings(options.caching, matrix))
+    atomic_write_json(RunLayout(out).run_info, {
         "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
         "runner": runner.name, "order": order or "planned",
         # The digest of every selected cell (a shard's: the whole selection's), so a

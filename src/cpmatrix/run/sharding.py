@@ -18,29 +18,55 @@ from pathlib import Path
 
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.layout import DURATIONS, RunLayout
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.report.history import CellHistory, durations_of, read_histories
+from cpmatrix.report.history import CellHistory, durations_of, load_run_history, read_histories
 from cpmatrix.report.junit import merge_junit
 from cpmatrix.report.merge import ShardManifest, selection_digest
 from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.session import load_durations
 
-__all__ = ["recorded_durations", "recorded_history", "take_shard", "write_empty_report"]
+__all__ = ["Recorded", "recorded_durations", "recorded_history", "take_shard",
+           "write_empty_report"]
+
+
+class Recorded:
+    """A run's recorded durations and histories, each read once, when first needed (the
+    shard, the Slurm split and the session ask for them; most runs need neither).
+
+    >>> from cpmatrix.run.options import RunOptions
+    >>> Recorded(RunOptions(), Path("no/such/out")).durations()
+    {}
+    """
+
+    def __init__(self, options: RunOptions, out: Path) -> None:
+        self.options = options
+        self.out = out
+        self._durations: dict[str, float] | None = None
+
+    def durations(self) -> dict[str, float]:
+        """See :func:`recorded_durations`."""
+        if self._durations is None:
+            self._durations = recorded_durations(self.options, self.out)
+        return self._durations
+
+    def history(self) -> dict[str, CellHistory] | None:
+        """``--durations FILE``'s histories, None without the flag."""
+        return recorded_history(self.options) if self.options.durations else None
 
 
 def recorded_durations(options: RunOptions, out: Path) -> dict[str, float]:
     """``--durations FILE`` if given (a missing or unreadable one is a usage error: the
     shards would silently stop being balanced), else ``--out``'s own durations.json."""
     if options.durations is None:
-        return load_durations(out)
+        return durations_of(load_run_history(out))
     return durations_of(recorded_history(options))
 
 
 def recorded_history(options: RunOptions) -> dict[str, CellHistory]:
     """``--durations FILE``'s histories (either form of the file; see
     :mod:`cpmatrix.report.history`), or a usage error naming the file."""
-    path = Path(options.durations or "durations.json")
+    path = Path(options.durations or DURATIONS)
     try:
         return read_histories(path)
     except OSError as exc:
@@ -69,8 +95,9 @@ def write_empty_report(out: Path, run_id: str,
                        source: Mapping[str, object] | None = None) -> None:
     """A shard with no cells still leaves a (empty) report for the merge to read, and
     its ``run.json`` the source of the whole selection (``source``)."""
-    for stale in ("report.xml", "results.json"):
-        (out / stale).unlink(missing_ok=True)
-    merge_junit([], out / "report.xml", run_id=run_id)
-    atomic_write_json(out / "results.json", [])
-    atomic_write_json(out / "run.json", {"run_id": run_id, "source": dict(source or {})})
+    layout = RunLayout(out)
+    for stale in (layout.report_xml, layout.results):
+        stale.unlink(missing_ok=True)
+    merge_junit([], layout.report_xml, run_id=run_id)
+    atomic_write_json(layout.results, [])
+    atomic_write_json(layout.run_info, {"run_id": run_id, "source": dict(source or {})})

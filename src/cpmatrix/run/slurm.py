@@ -36,23 +36,21 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.base import Executor, Job
-from cpmatrix.run.executors.world import WorldRun
-from cpmatrix.run.options import RunOptions
 from cpmatrix.run.plan import Batch, expected_s, slot_plan
 from cpmatrix.run.runners.base import Launch, Runner
+from cpmatrix.run.settings import SlurmSettings
 
-__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner", "SlurmSettings",
-           "parse_states", "query_states", "slurm_missing", "slurm_plan", "slurm_scheduling",
+__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner",
+           "job_name_of", "parse_states", "query_states", "slurm_missing", "slurm_plan",
            "slurm_worlds"]
 
 #: Job states in which Slurm, not the world, ended the job.
@@ -72,16 +70,6 @@ MIN_JOB_S: Final = 60.0
 QUERY_EVERY_S: Final = 1.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class SlurmSettings:
-    """Where and how the jobs are submitted (``--partition``, ``--account``, ...)."""
-
-    partition: str | None = None
-    account: str | None = None
-    extra_args: tuple[str, ...] = ()
-    pending_timeout_s: float = 600.0
-
-
 def slurm_missing() -> str | None:
     """None when srun, squeue and scancel are on PATH; else which are not."""
     missing = [t for t in ("srun", "squeue", "scancel") if shutil.which(t) is None]
@@ -99,7 +87,19 @@ def job_name(launch: Launch) -> str:
     'cpmatrix-ab12-003-cpu-w2-b0.a1'
     """
     token = launch.env.get(WORLD_TOKEN, "")
-    raw = f"cpmatrix-{token}" if token else launch.name
+    return job_name_of(token) if token else _safe(launch.name)
+
+
+def job_name_of(token: str) -> str:
+    """The Slurm job name of the world whose token (``<run id>/<job>``) is ``token``.
+
+    >>> job_name_of("ab12/003-cpu-w2-b0.a1")
+    'cpmatrix-ab12-003-cpu-w2-b0.a1'
+    """
+    return _safe(f"cpmatrix-{token}")
+
+
+def _safe(raw: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in raw)
 
 
@@ -237,12 +237,17 @@ def parse_states(text: str) -> dict[str, JobState]:
 
 
 class SlurmJob:
-    """One executor job run as a Slurm job: pending limit, Slurm's verdict, scancel."""
+    """One executor job run as a Slurm job: pending limit, Slurm's verdict, scancel.
 
-    def __init__(self, inner: Job, runner: SlurmRunner) -> None:
+    ``slurm_name`` is the name its world is submitted under (:func:`job_name_of` its
+    token), given by the scheduler that wraps it.
+    """
+
+    def __init__(self, inner: Job, runner: SlurmRunner, slurm_name: str) -> None:
         self.inner = inner
         self.runner = runner
         self.slurm_name = ""
+        self._name_given = slurm_name
         self.submitted_at = 0.0
         self.running = False
         self._pending_failed = False
@@ -286,14 +291,22 @@ class SlurmJob:
     def start_error(self) -> str:
         return self.inner.start_error
 
+    @property
+    def token(self) -> str:
+        return self.inner.token
+
     def launcher_tail(self) -> str:
         return self.inner.launcher_tail()
 
+    def queued(self) -> None:
+        self.inner.queued()
+
     def start(self) -> None:
-        before = len(self.runner.submitted)
         self.inner.start()
-        if len(self.runner.submitted) > before:
-            self.slurm_name = self.runner.submitted[before]
+        # Slurm knows the name once the launch was submitted under it (a job that failed
+        # before srun, or one that runs here, such as a compile job, never was).
+        if self._name_given in self.runner.submitted:
+            self.slurm_name = self._name_given
             self.runner.watching.add(self.slurm_name)
         self.submitted_at = time.monotonic()
 
@@ -306,9 +319,8 @@ class SlurmJob:
                 waited = time.monotonic() - self.submitted_at
                 if waited > self.runner.settings.pending_timeout_s:
                     return self._fail_pending(st, waited)
-                if isinstance(self.inner, WorldRun):
-                    # Queue time is not start-up time: the world's clock starts with the job.
-                    self.inner.started_at = time.monotonic()
+                # Queue time is not start-up time: the world's clock starts with the job.
+                self.inner.queued()
                 return []
             if st is not None:
                 # Running: the world's own files say the rest, until it ends (then one
@@ -363,15 +375,6 @@ class SlurmJob:
         if self.slurm_name:
             self.runner.cancel(self.slurm_name)
         self.inner.kill()
-
-
-def slurm_scheduling(options: RunOptions, context: RunContext
-                     ) -> tuple[RunContext, Callable[[Job], Job]]:
-    """The run's context with its runner inside srun, and the wrapper of its jobs."""
-    runner = SlurmRunner(context.runner, SlurmSettings(
-        partition=options.partition, account=options.account,
-        extra_args=tuple(options.slurm_args), pending_timeout_s=options.pending_timeout_s))
-    return replace(context, runner=runner), lambda job: SlurmJob(job, runner)
 
 
 def slurm_worlds(cells: Sequence[Cell], durations: Mapping[str, float], max_jobs: int) -> int:

@@ -72,13 +72,9 @@ def _device() -> tuple[str | None, str]:
     return f"sm_{capability}{'a' if capability >= 90 else ''}", torch.cuda.get_device_name()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from cpmatrix.errors import ExitCode, SpecError, UsageError
-    from cpmatrix.matrix.expand import expand
-    from cpmatrix.matrix.load import load_matrix
-    from cpmatrix.matrix.select import select_cells
-    from cpmatrix.spill._crosscheck import crosscheck_loaded
-    from cpmatrix.spill._spec import ARCHS, SpillError, spec_for_cell
+def _parser() -> argparse.ArgumentParser:
+    """The command line (``--arch`` takes the archs the spill gate knows)."""
+    from cpmatrix.spill._spec import ARCHS
 
     p = argparse.ArgumentParser(prog="python -m cpmatrix.spill.crosscheck",
                                 description=__doc__.splitlines()[0] if __doc__ else None)
@@ -89,7 +85,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write every result to FILE")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cells that would be checked; needs no GPU")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from cpmatrix.errors import ExitCode, SpecError, UsageError
+    from cpmatrix.matrix.expand import expand
+    from cpmatrix.matrix.load import load_matrix
+    from cpmatrix.matrix.select import select_cells
+    from cpmatrix.spill._crosscheck import crosscheck_loaded
+    from cpmatrix.spill._spec import SpillError, spec_for_cell
+
+    args = _parser().parse_args(argv)
     try:
         matrix = load_matrix(args.matrix)
         cells = [c for c in select_cells(expand(matrix).cells, keyword=args.keyword)

@@ -1,4 +1,6 @@
-"""The executor registry: which executor runs which kind of cell.
+"""The executor registry: which executor runs which kind of cell (its ``kinds``).
+
+Every kind of ``matrix.schema.KINDS`` is one executor's (tests/unit/test_one_home.py).
 
 Example::
 
@@ -19,12 +21,11 @@ __all__ = ["EXECUTORS", "Executor", "Job", "executor_for"]
 
 #: Every executor, in the order a run starts their jobs (compiles take seconds: first).
 EXECUTORS: Final[tuple[Executor, ...]] = (CompileExecutor(), WorldExecutor(), PytestExecutor())
-#: A cell kind (``matrix.schema.KINDS``) -> the name of the executor that runs it.
-_BY_KIND: Final = {"parity": "world", "property": "world", "spill": "compile",
-                   "pytest": "pytest"}
 
 
 def executor_for(kind: str) -> Executor:
     """The executor of cells of ``kind``; KeyError for a kind nothing runs."""
-    name = _BY_KIND[kind]
-    return next(e for e in EXECUTORS if e.name == name)
+    for executor in EXECUTORS:
+        if kind in executor.kinds:
+            return executor
+    raise KeyError(kind)

@@ -1,9 +1,11 @@
-"""What a cell's outcomes mean: pure functions, no processes (the world executor's verdicts).
+"""What a cell's outcomes mean: no processes, pure but for reading the launcher's root
+cause (the world executor's verdicts).
 
 Outcomes first, message patterns last: a rank whose own outcome is an error caused the
 failure; its error is collateral ("a peer left the collective") only when its message
-says so *and* such a peer exists. How a rank died comes from its wait status or from
-torchrun's "Root Cause" block.
+says so *and* such a peer exists. How a rank died comes from its wait status or from the
+launcher (:func:`launcher_root_cause`): the fork launcher's typed
+:class:`~cpmatrix.remote.protocol.RootCause`, or torchrun's own "Root Cause" text block.
 
 Example::
 
@@ -21,13 +23,14 @@ import signal
 from collections.abc import Sequence
 from typing import Any, Final
 
-from cpmatrix.remote.protocol import Outcome
+from cpmatrix.fsutil import read_segment
+from cpmatrix.remote.protocol import Outcome, RootCause, WorldFolder, read_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.cache import merge_reads
 from cpmatrix.run.entry import Entry
 
-__all__ = ["COLLATERAL", "describe_status", "merge_evidence", "result_from_outcomes",
-           "split_errors", "torchrun_root_cause"]
+__all__ = ["COLLATERAL", "describe_status", "exit_words", "launcher_root_cause",
+           "merge_evidence", "result_from_outcomes", "split_errors", "torchrun_root_cause"]
 
 #: Messages of a rank whose peer went away: a consequence, not the cause.
 COLLATERAL: Final = re.compile(
@@ -35,6 +38,7 @@ COLLATERAL: Final = re.compile(
     r"communicator was aborted|Timed out waiting|ProcessGroupGloo.*closed",
     re.IGNORECASE,
 )
+_WHOLE: Final = 1 << 24  # the launcher's log is read whole (up to its last 16 MiB)
 _ROOT_CAUSE: Final = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
@@ -54,17 +58,39 @@ def _signame(sig: int) -> str:
         return str(sig)
 
 
+def exit_words(code: int) -> str:
+    """A launcher's exit code in words (negative: the signal that killed it).
+
+    >>> exit_words(-9), exit_words(7)
+    ('killed by signal SIGKILL', 'exited with code 7')
+    """
+    return f"killed by signal {_signame(-code)}" if code < 0 else f"exited with code {code}"
+
+
 def torchrun_root_cause(log_text: str) -> tuple[int, str] | None:
-    """The rank and how it ended, as torchrun names the first observed failure."""
+    """The rank and how it ended, as torchrun names the first observed failure.
+
+    torchrun's own text (its format, not cpmatrix's protocol): read for that launcher
+    only; the fork launcher's is a typed record (:func:`launcher_root_cause`).
+    """
     idx = log_text.rfind("Root Cause")
     if idx < 0:
         return None
     m = _ROOT_CAUSE.search(log_text, idx)
     if m is None:
         return None
-    code = int(m.group(2))
-    how = f"killed by signal {_signame(-code)}" if code < 0 else f"exited with code {code}"
-    return int(m.group(1)), how
+    return int(m.group(1)), exit_words(int(m.group(2)))
+
+
+def launcher_root_cause(launcher: str, folder: WorldFolder, run: str,
+                        ) -> tuple[int, str] | None:
+    """The world rank that failed first and how, as the world's launcher of run ``run``
+    names it; None when it named none, or the record is another run's (then the
+    supervisor goes by the rank pids it watched)."""
+    if launcher == "torchrun":
+        return torchrun_root_cause(read_segment(folder.launcher_log, cap=_WHOLE))
+    record = read_typed(folder.root_cause, RootCause, run=run)
+    return None if record is None else (record.rank, exit_words(record.exitcode))
 
 
 def split_errors(errors: Sequence[Outcome], *, peer_died: bool,

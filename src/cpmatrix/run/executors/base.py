@@ -23,6 +23,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import Batch
+from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["Executor", "Job"]
 
@@ -34,6 +35,10 @@ class Job(Protocol):
     # delegate them); a job sets its own as plain attributes.
     @property
     def name(self) -> str: ...
+    @property
+    def token(self) -> str:
+        """``<run id>/<job>``: in every process it starts (their leftovers are found by
+        it) and the name a wrapping scheduler submits it under."""
     @property
     def entries(self) -> list[Entry]: ...
     @property
@@ -58,6 +63,11 @@ class Job(Protocol):
     def start(self) -> None:
         """Launch; an OS error fails the job's cells, never the run."""
 
+    def queued(self) -> None:
+        """Told by a wrapper whose scheduler still holds the job in its queue (a Slurm
+        job PENDING): queue time is not start-up time, so the job's start-up clock
+        starts again from now."""
+
     def poll(self) -> list[tuple[Entry, Result]]:
         """Advance without blocking; the results completed since the last call."""
 
@@ -72,6 +82,8 @@ class Executor(Protocol):
     """Runs one kind of cell: plans its batches and makes their jobs."""
 
     name: str
+    #: The cell kinds it runs (``matrix.schema.KINDS``): each kind is one executor's.
+    kinds: tuple[str, ...]
     #: What its jobs are, in messages: "a world", "the spill compiler"; and counted.
     noun: str
     plural: str
@@ -80,12 +92,12 @@ class Executor(Protocol):
     #: Cells of this executor can run with a declared mutant switched on.
     supports_mutants: bool
 
-    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
-             batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
-             pack: PackSpec | None = None) -> list[Batch]:
-        """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches;
-        ``worlds``: how many of them may run at once (``--jobs``), to balance over;
+    def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
+             durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
+             mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
+        """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches
+        (``settings``: ``--batch-size``, ``--keep-order``; ``durations``: expected seconds
+        per cell id); ``worlds``: how many of them may run at once (``--jobs``), to balance over;
         ``pack``: how a world places its cells on its ranks (ignored where no world)."""
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform,

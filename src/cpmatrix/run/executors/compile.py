@@ -24,8 +24,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from cpmatrix.fsutil import tail_lines
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.protocol import CompileJob, Outcome, write_typed
+from cpmatrix.remote.protocol import CompileFolder, CompileJob, Outcome, write_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -35,6 +36,7 @@ from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import Batch, expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
+from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["CompileExecutor", "CompileRun"]
 
@@ -77,13 +79,19 @@ def _result(entry: Entry, done: Outcome) -> Result:
 class CompileRun:
     """One compile subprocess over ``entries``; poll it until ``finished``."""
 
+    @property
+    def token(self) -> str:
+        return self.child.token
+
     def __init__(self, name: str, entries: Sequence[Entry], context: RunContext) -> None:
         self.name = name
         self.entries = list(entries)
         self.context = context
         self.devices: tuple[int, ...] = ()
-        self.dir = context.out_root / "spill" / name
-        self.progress = Progress(self.dir / "progress", context.run_id)
+        #: Its job file, log and markers (:mod:`cpmatrix.remote.protocol`).
+        self.folder = CompileFolder(RunLayout(context.out_root).compile_job(name))
+        self.dir = self.folder.path
+        self.progress = Progress(self.folder.progress, context.run_id)
         # Compiles need no isolation beyond the hermetic environment: always local.
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", LocalRunner())
         self.finished = False
@@ -105,15 +113,15 @@ class CompileRun:
                 cache_dir=str(ctx.compile_cache) if ctx.compile_cache else None,
                 search_path=list(ctx.pythonpath), out_root=str(ctx.out_root),
                 cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
-            write_typed(self.dir / "job.json", job)
+            write_typed(self.folder.job_file, job)
             env = hermetic_env(ctx.source_env, home=str(self.dir), tmp=str(self.dir),
                                extra={"PYTHONPATH": os.pathsep.join(ctx.pythonpath),
                                       WORLD_TOKEN: self.child.token})
             env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
             self.child.start(Launch(
                 argv=(ctx.python, "-m", "cpmatrix.remote.compile_main",
-                      str(self.dir / "job.json")),
-                env=env, cwd=str(self.dir), name=self.name), self.dir / "spill.log")
+                      str(self.folder.job_file)),
+                env=env, cwd=str(self.dir), name=self.name), self.folder.log)
         except OSError as exc:
             self.start_failed = True
             self.start_error = f"could not start the spill compiler: {exc}"
@@ -149,7 +157,7 @@ class CompileRun:
             self.progress.read()
             if (self._next, 0) in self.progress.dones:
                 return out + self.poll()  # it finished the cell as it exited
-            tail = tail_lines(self.dir / "spill.log", lines=20)
+            tail = tail_lines(self.folder.log, lines=20)
             if (self._next, 0) not in self.progress.starts and self._next == 0:
                 self.start_failed = True
                 self.start_error = f"the spill compiler exited at once: {tail[-500:]}"
@@ -171,14 +179,18 @@ class CompileRun:
         self.child.kill()
         self.finished = True
 
+    def queued(self) -> None:
+        """A compile has no start-up clock to hold back."""
+
     def launcher_tail(self) -> str:
-        return tail_lines(self.dir / "spill.log")
+        return tail_lines(self.folder.log)
 
 
 class CompileExecutor:
     """Spill cells: every one of a run in one compile subprocess (fresh after a fault)."""
 
     name = "compile"
+    kinds: tuple[str, ...] = ("spill",)
     noun = "the spill compiler"
     plural = "compile jobs"
     #: A compile is deterministic: a crash is the compiler's, retried alone it would crash
@@ -186,10 +198,9 @@ class CompileExecutor:
     retries_crashes = False
     supports_mutants = False
 
-    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
-             batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
-             pack: PackSpec | None = None) -> list[Batch]:
+    def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
+             durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
+             mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
         # one compile job: its cells are seconds each, cached by digest
         if not cells:
             return []

@@ -29,7 +29,13 @@ from cpmatrix.remote.procs import (
     processes_with_token,
     stat_fields,
 )
-from cpmatrix.remote.protocol import Outcome, StartMarker, parse_marker_name, read_typed
+from cpmatrix.remote.protocol import (
+    START,
+    Outcome,
+    StartMarker,
+    parse_marker_name,
+    read_typed,
+)
 from cpmatrix.run.runners.base import Launch, Runner
 
 __all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv", "physical_devices",
@@ -54,11 +60,14 @@ def free_port() -> int:
 
 
 def launcher_argv(launcher: str, python: str, ranks: int, port: int,
-                  world_file: str) -> tuple[str, ...]:
+                  world_file: str, root_cause_file: str = "", run_id: str = "",
+                  ) -> tuple[str, ...]:
     """The command that starts a world's ranks, each running ``world_main``.
 
     ``fork``: :mod:`cpmatrix.remote.forkrun` imports torch once and forks the ranks
-    (a 4-rank world starts several times faster on CPU; docs/worlds.md has the numbers).
+    (a 4-rank world starts several times faster on CPU; docs/worlds.md has the numbers);
+    it writes the first failing rank to ``root_cause_file`` (``WorldFolder.root_cause``),
+    as run ``run_id``'s.
     ``torchrun``: ``torch.distributed.run``, each rank a fresh interpreter.
 
     >>> launcher_argv("fork", "py", 2, 9, "w.json")[:3]
@@ -66,7 +75,9 @@ def launcher_argv(launcher: str, python: str, ranks: int, port: int,
     """
     common = (f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1", f"--master-port={port}")
     if launcher == "fork":
-        return (python, "-m", "cpmatrix.remote.forkrun", *common,
+        record = (f"--root-cause-file={root_cause_file}",
+                  f"--run-id={run_id}") if root_cause_file else ()
+        return (python, "-m", "cpmatrix.remote.forkrun", *common, *record,
                 "-m", "cpmatrix.remote.world_main", world_file)
     return (python, "-m", "torch.distributed.run", "--nnodes=1", *common,
             "--max-restarts=0", "--monitor-interval=0.1",
@@ -152,7 +163,7 @@ class Progress:
             if name in self._seen or parsed is None:
                 continue
             index, rank, kind = parsed
-            marker = read_typed(self.folder / name, StartMarker if kind == "start" else Outcome,
+            marker = read_typed(self.folder / name, StartMarker if kind == START else Outcome,
                                 run=self.run_id)
             # Markers are written atomically: a file that is there is whole. One that does
             # not read as this run's (another run's, on a shared --out) is never evidence.

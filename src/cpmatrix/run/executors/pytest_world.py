@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from cpmatrix.matrix.pytest_records import judge_files, judged_result
-from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, cell_test
+from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.protocol import CellSpec
 from cpmatrix.result import Result
@@ -36,6 +36,7 @@ from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.executors.world_executor import WorldExecutor
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.plan import Batch
+from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["PytestExecutor", "PytestWorldRun"]
 
@@ -62,14 +63,14 @@ class PytestExecutor(WorldExecutor):
     """Pytest cells in worlds: one per pytest session, and one per isolated test."""
 
     name = "pytest"
+    kinds: tuple[str, ...] = (KIND,)
     noun = "a pytest world"
     plural = "pytest worlds"
     supports_mutants = False
 
-    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
-             batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
-             pack: PackSpec | None = None) -> list[Batch]:
+    def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
+             durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
+             mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
         sessions: dict[str, list[Cell]] = {}
         for c in cells:
             sessions.setdefault(cell_test(c).get("session", ""), []).append(c)
@@ -77,13 +78,12 @@ class PytestExecutor(WorldExecutor):
         for s, mine in enumerate(sessions.values()):
             shared = [c for c in mine if ISOLATED_TAG not in c.tags]
             alone = [c for c in mine if ISOLATED_TAG in c.tags]
-            for prefix, group, size in ((f"pytest{s}", shared, batch_size),
+            for prefix, group, size in ((f"pytest{s}", shared, settings.batch_size),
                                         (f"pytest{s}-isolated", alone, 1)):
                 if not group:
                     continue
-                for b in super().plan(group, durations=durations, batch_size=size,
-                                      keep_order=keep_order, mutants=None, worlds=worlds,
-                                      pack=pack):
+                for b in super().plan(group, replace(settings, batch_size=size),
+                                      durations=durations, worlds=worlds, pack=pack):
                     batches.append(replace(b, name=f"{prefix}-{b.name}"))
         batches.sort(key=lambda b: -b.world_size)
         return batches

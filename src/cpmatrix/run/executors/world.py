@@ -34,14 +34,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
+from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.remote.protocol import (
     CellSpec,
     Outcome,
     PidFile,
     RankLeft,
+    WorldFolder,
     WorldSpec,
     cell_output_log,
+    cell_stacks,
     read_typed,
     work_folder,
     write_typed,
@@ -52,8 +55,8 @@ from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.attribution import (
     COLLATERAL,
     describe_status,
+    launcher_root_cause,
     result_from_outcomes,
-    torchrun_root_cause,
 )
 from cpmatrix.run.executors.launch import (
     WORLD_TOKEN,
@@ -72,17 +75,11 @@ __all__ = ["WorldRun", "cell_spec"]
 
 def cell_spec(entry: Entry) -> CellSpec:
     """The typed cell a rank runs: the axes parsed once, here."""
-    cell = entry.cell
-    return CellSpec(
-        id=cell.id, target=cell.target, case=cell.case, case_file=cell.case_file,
-        kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
-        dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
-        platform=cell.platform, timeout_s=cell.timeout_s, mutant=entry.mutant,
-        out_dir=entry.out_dir, run_number=max(entry.run, 1),
-    )
+    return CellSpec.from_cell(entry.cell, out_dir=entry.out_dir, mutant=entry.mutant,
+                              run_number=max(entry.run, 1))
 
 
-_WHOLE = 1 << 24  # a stack dump or launcher log is read whole (up to its last 16 MiB)
+_WHOLE = 1 << 24  # a stack dump is read whole (up to its last 16 MiB)
 
 
 class WorldRun:
@@ -113,8 +110,9 @@ class WorldRun:
         #: Ranks launched; each cell runs in a process group of its own ranks only
         #: (:mod:`cpmatrix.remote.subworld`), cells on disjoint ranks at once.
         self.world_size = packing.ranks
-        self.dir = context.out_root / "worlds" / name
-        self.progress = Progress(self.dir / "progress", context.run_id)
+        #: Every file the supervisor and the ranks exchange (:mod:`cpmatrix.remote.protocol`).
+        self.folder = WorldFolder(RunLayout(context.out_root).world(name))
+        self.progress = Progress(self.folder.progress, context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
         self.started_at = 0.0
         self.finished = False
@@ -140,28 +138,25 @@ class WorldRun:
         """What the ranks get of ``entry`` (a subclass may add to its params)."""
         return cell_spec(entry)
 
-    # ----------------------------------------------------------------- launch
     def start(self) -> None:
         """Write the world file and launch torchrun; OS errors fail the world's cells."""
-        ctx = self.context
+        ctx, folder = self.context, self.folder
         try:
-            if self.dir.exists():  # never read another launch's progress files
-                shutil.rmtree(self.dir)
+            if folder.path.exists():  # never read another launch's progress files
+                shutil.rmtree(folder.path)
             self.progress.folder.mkdir(parents=True, exist_ok=True)
-            home, tmp = self.dir / "home", self.dir / "tmp"
+            home, tmp = folder.home, folder.tmp
             home.mkdir(exist_ok=True)
             tmp.mkdir(exist_ok=True)
             world = WorldSpec(
                 name=self.name, run_id=ctx.run_id, supervisor_pid=os.getpid(),
-                dir=str(self.dir), out_root=str(ctx.out_root), backend=self.platform.backend,
+                dir=str(folder.path), out_root=str(ctx.out_root), backend=self.platform.backend,
                 device=self.platform.device, platform=self.platform.name,
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
-                cells=[self.cell_spec(e) for e in self.entries],
-                placement=[list(p) for p in self.placement], prepare=self.prepare,
-            )
-            world_file = self.dir / "world.json"
-            write_typed(world_file, world)
+                cells=[self.cell_spec(e) for e in self.entries], prepare=self.prepare,
+                placement=[list(p) for p in self.placement], profile=ctx.profile)
+            write_typed(folder.world_file, world)
             extra = dict(self.platform.env)
             extra["PYTHONPATH"] = os.pathsep.join(ctx.pythonpath)
             # Never the working directory first on sys.path: it could shadow a case module.
@@ -171,29 +166,25 @@ class WorldRun:
                 extra["CUDA_VISIBLE_DEVICES"] = physical_devices(self.devices, ctx.source_env)
             env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
             argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
-                                 str(world_file))
+                                 str(folder.world_file), str(folder.root_cause),
+                                 run_id=ctx.run_id)
             launch = Launch(
-                argv=argv, env=env, cwd=str(self.dir), writable=(str(ctx.out_root),),
+                argv=argv, env=env, cwd=str(folder.path), writable=(str(ctx.out_root),),
                 readonly=tuple(dict.fromkeys((*ctx.readonly, *ctx.pythonpath))),
                 name=f"cpmatrix-{os.getpid()}-{self.name}".replace(".", "-"),
                 devices=self.devices,
             )
-            cmd = self.child.start(launch, self.dir / "torchrun.log")
-            atomic_write_json(self.dir / "command.json", {"argv": cmd, "env": launch.env})
+            cmd = self.child.start(launch, folder.launcher_log)
+            atomic_write_json(folder.command_file, {"argv": cmd, "env": launch.env})
         except OSError as exc:
-            self._fail_all(f"could not start the world: {type(exc).__name__}: {exc}")
+            # No cell started: the session retries the launch, then fails its cells
+            # with this message (a result reported here would never be polled).
+            self.start_failed = True
+            self.start_error = f"could not start the world: {type(exc).__name__}: {exc}"
+            self.remaining = list(self.entries)
+            self.finished = True
             return
         self.started_at = time.monotonic()
-
-    def _fail_all(self, message: str) -> None:
-        for i, entry in enumerate(self.entries):
-            if i not in self._reported:
-                self._report(i, Result(
-                    cell_id=entry.cell.id, status=Status.CRASH, kind=FailureKind.CRASH,
-                    message=message, mutant=entry.mutant, attempts=entry.attempt,
-                    out_dir=entry.out_dir,
-                    stderr_tails={-1: tail_lines(self.dir / "torchrun.log")}))
-        self.finished = True
 
     def _report(self, i: int, result: Result) -> None:
         self._reported.add(i)
@@ -215,10 +206,10 @@ class WorldRun:
                 self._first_error_at.setdefault(outcome.index, time.monotonic())
         for r in range(self.world_size):
             if r not in self._pids:
-                pid = read_typed(self.dir / f"rank{r}.pid", PidFile, run=self.context.run_id)
+                pid = read_typed(self.folder.pid_file(r), PidFile, run=self.context.run_id)
                 if pid is not None:
                     self._pids[r] = pid.pid
-            if r not in self._left and read_typed(self.dir / f"rank{r}.left", RankLeft,
+            if r not in self._left and read_typed(self.folder.left_file(r), RankLeft,
                                                   run=self.context.run_id) is not None:
                 self._left.add(r)
                 self._dead.pop(r, None)
@@ -242,7 +233,7 @@ class WorldRun:
                 # All cells are in; the ranks are tearing down. Give them a moment.
                 if self._done_at is None:
                     self._done_at = now
-                if now - self._done_at > self.context.teardown_grace_s:
+                if now - self._done_at > self.context.timings.teardown_grace_s:
                     self.child.kill(list(self._host_pids().values()))
                     self.finished = True
             else:
@@ -252,7 +243,7 @@ class WorldRun:
         if rc is not None:
             self._on_world_exit()
         elif self._dead and now - min(t for t, _ in self._dead.values()) > \
-                self.context.dead_rank_grace_s:
+                self.context.timings.dead_rank_grace_s:
             # A rank died and torchrun has not torn the rest down yet: do it ourselves.
             self.child.kill(list(self._host_pids().values()))
             self._on_world_exit()
@@ -307,7 +298,7 @@ class WorldRun:
         for r in self._ranks(i):
             start = self.progress.starts.get((i, r))
             done = self.progress.dones.get((i, r))
-            yield (r, self.dir / f"rank{self.placement[i][r]}.log",
+            yield (r, self.folder.rank_log(self.placement[i][r]),
                    start.log_offset if start else 0, done.log_end if done else None,
                    start is not None)
 
@@ -320,10 +311,10 @@ class WorldRun:
         flying = self._in_flight()
         ctx = self.context
         if not flying:
-            if not self.progress.starts and now - self.started_at > ctx.startup_timeout_s:
+            if not self.progress.starts and now - self.started_at > ctx.timings.startup_timeout_s:
                 self.child.kill(list(self._host_pids().values()))
                 self._on_world_exit(reason="the world did not start within "
-                                    f"{ctx.startup_timeout_s:.0f} s")
+                                    f"{ctx.timings.startup_timeout_s:.0f} s")
             return
         for i in flying:
             if self._check_cell(i, now):
@@ -339,7 +330,7 @@ class WorldRun:
                         f"cell ran past its timeout of {entry.cell.timeout_s} s")
             return True
         err_at = self._first_error_at.get(i)
-        if err_at is not None and now - err_at > ctx.abort_grace_s:
+        if err_at is not None and now - err_at > ctx.timings.abort_grace_s:
             errors = [o for o in self._outcomes(i).values() if o is not None and not o.ok]
             if all(COLLATERAL.search(o.message) for o in errors) and (
                     self._dead or not ctx.runner.shares_pid_namespace):
@@ -355,7 +346,6 @@ class WorldRun:
             return True
         return False
 
-    # ---------------------------------------------------------------- faults
     def _host_pids(self) -> dict[int, int]:
         """Rank pids, only when they are pids in *our* namespace.
 
@@ -365,13 +355,13 @@ class WorldRun:
         return self._pids if self.context.runner.shares_pid_namespace else {}
 
     def _dump_stacks(self) -> None:
-        (self.dir / "dump.request").write_text(f"{time.time()}\n")
+        self.folder.dump_request.write_text(f"{time.time()}\n")
         for pid in self._host_pids().values():
             try:
                 os.kill(pid, signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
                 pass
-        time.sleep(self.context.dump_wait_s)
+        time.sleep(self.context.timings.dump_wait_s)
 
     def _abort(self, i: int, kind: FailureKind, why: str) -> None:
         """Tear the world down because of cell ``i``; hand back every other unfinished
@@ -395,14 +385,14 @@ class WorldRun:
             result = result_from_outcomes(
                 entry, [o for o in outs.values() if o is not None], tails=self._tails(i),
                 extra_msg=f"rank(s) {', '.join(map(str, missing))} did not finish the cell "
-                f"within {self.context.abort_grace_s:.0f} s of the failure (waiting on the "
+                f"within {self.context.timings.abort_grace_s:.0f} s of the failure (waiting on the "
                 "failed rank); their stacks are in the cell folder")
         else:
-            cell_dir = self.context.out_root / entry.out_dir
+            root = self.context.out_root
             failures = tuple(
                 RankFailure(rank=r, message=f"rank {r} still in the cell after "
                             f"{entry.cell.timeout_s} s",
-                            traceback=read_segment(cell_dir / f"rank{r}" / "stacks.txt",
+                            traceback=read_segment(root / cell_stacks(entry.out_dir, r),
                                                    cap=_WHOLE))
                 for r in missing)
             result = Result(
@@ -439,7 +429,7 @@ class WorldRun:
             return
         # The first rank that died (the launcher's root cause, else by pid; world ranks)
         # names the culprit: the cell it was running. Cells on other ranks rerun.
-        root = torchrun_root_cause(read_segment(self.dir / "torchrun.log", cap=_WHOLE))
+        root = launcher_root_cause(self.context.launcher, self.folder, self.context.run_id)
         first: dict[int, str] = {}
         if root is not None:
             first = {root[0]: root[1]}
@@ -483,13 +473,16 @@ class WorldRun:
         self._report(i, result)
         self._hand_back()
 
+    def queued(self) -> None:
+        self.started_at = time.monotonic()
+
     def kill(self) -> None:
         """Stop the world now (the run was interrupted)."""
         self.child.kill(list(self._host_pids().values()))
         self.finished = True
 
     def launcher_tail(self) -> str:
-        return tail_lines(self.dir / "torchrun.log")
+        return tail_lines(self.folder.launcher_log)
 
 
 def _remove_folder(folder: Path) -> None:

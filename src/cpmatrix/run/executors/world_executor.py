@@ -21,6 +21,7 @@ from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.packing import PackSpec, rank_span
 from cpmatrix.run.plan import Batch, plan_batches
+from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["WorldExecutor"]
 
@@ -29,20 +30,21 @@ class WorldExecutor:
     """Parity and property cells in worlds of ranks, one world per platform."""
 
     name = "world"
+    kinds: tuple[str, ...] = ("parity", "property")
     noun = "a world"
     plural = "worlds"
     retries_crashes = True
     supports_mutants = True
 
-    def plan(self, cells: Sequence[Cell], *, durations: Mapping[str, float],
-             batch_size: int | None, keep_order: bool,
-             mutants: Mapping[str, Sequence[str]] | None, worlds: int = 1,
-             pack: PackSpec | None = None) -> list[Batch]:
+    def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
+             durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
+             mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
         pack = pack or PackSpec()
-        if keep_order:  # matrix order, one cell at a time: to bisect a state leak
+        if settings.keep_order:  # matrix order, one cell at a time: to bisect a state leak
             pack = replace(pack, serial=True)
-        return plan_batches(cells, durations=durations, batch_size=batch_size,
-                            mutants=mutants, keep_order=keep_order, worlds=worlds, pack=pack)
+        return plan_batches(cells, durations=durations, batch_size=settings.batch_size,
+                            mutants=mutants, keep_order=settings.keep_order, worlds=worlds,
+                            pack=pack)
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform,
                        pack: PackSpec | None = None) -> int:

@@ -49,6 +49,7 @@ from cpmatrix.parity import (
     compute_layout,
     mutants,
 )
+from cpmatrix.parity.errors import Check
 from cpmatrix.suite import (
     MUTANTS,
     pad_and_shard,
@@ -276,7 +277,7 @@ def data_module(cell: Any, distributor: Any, *, n_tokens: int,
         if not bool(dm.dataset.full_item(index)["token_mask"].all()):
             cell.record("data.sample", index)
             return dm.batch(cell.mesh, index)
-    raise VacuousError("nonzero", f"none of {samples} synthetic samples masks a token: the "
+    raise VacuousError(Check.NONZERO, f"none of {samples} synthetic samples masks a token: the "
                        "mask path would not be exercised")
 
 

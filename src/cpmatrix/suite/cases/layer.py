@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cpmatrix.parity import TensorSpec, VacuousError, check_parity
+from cpmatrix.parity.errors import Check
 from cpmatrix.suite import pair_placements, seq_placements
 from cpmatrix.suite.cases.common import (
     data_module,
@@ -107,7 +108,7 @@ def _attention_layer(cell: Any) -> None:
             label="attention")
     # the zero-initialized output projection must have been perturbed (else 0 == 0)
     if not {"attn.o.weight", "attn.o.bias"} <= set(report.perturbed):
-        raise VacuousError("nonzero", f"the zero-init output projection was not perturbed: "
+        raise VacuousError(Check.NONZERO, f"the zero-init output projection was not perturbed: "
                            f"perturbed {report.perturbed}")
     cell.record("attention.perturbed", ", ".join(report.perturbed))
 

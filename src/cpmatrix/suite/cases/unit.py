@@ -26,6 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from cpmatrix.parity import TensorSpec, VacuousError, check_parity
+from cpmatrix.parity.errors import Check
 from cpmatrix.suite import from_local, pair_placements, seq_placements
 from cpmatrix.suite.cases.common import (
     data_module,
@@ -98,7 +99,7 @@ def _every_shard_real(cell: Any, axis: str, n: int, padded: int, parts: int) -> 
     forgets to sum at all) would still match. Refuse such sizes instead of passing."""
     shard = padded // parts
     if n <= padded - shard:
-        raise VacuousError("setup", f"n={n} padded to {padded} over {parts} shards of {shard}: "
+        raise VacuousError(Check.SETUP, f"n={n} padded to {padded} over {parts} shards of {shard}: "
                            "the last shard holds padding only, so the collectives' sums "
                            "cannot show a missing contribution; choose n > "
                            f"{padded - shard}")

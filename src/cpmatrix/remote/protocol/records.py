@@ -1,15 +1,13 @@
-"""The files that cross a process boundary, typed once and imported by both sides.
+"""The typed files of the protocol: job files, markers, outcomes, pid and left files.
 
-Standard library only: the worker side (:mod:`~cpmatrix.remote.world_main`,
-:mod:`~cpmatrix.remote.compile_main`) imports it at start-up.
-
-A supervisor writes a **job file** and starts the child; the child writes, per cell, a
-**start marker** before the cell runs and an **outcome** (the done marker) after it,
-both atomically, in ``progress/`` and both carrying the run's id; a world's ranks also
-write a **pid file** each, and a **left file** when they exit normally. Marker names are
-``<cell index>.r<rank>.start|done``, the rank counted in the cell (a compile job is rank
-0). A file of another run, or one that does not parse as its type, is ignored
-by the reader (``None``), never mistaken for this run's evidence.
+A supervisor writes a **job file** (:class:`WorldSpec`, :class:`CompileJob`) and starts
+the child; the child writes, per cell, a :class:`StartMarker` before the cell runs and an
+:class:`Outcome` (the done marker) after it, both atomically and both carrying the run's
+id; a world's ranks also write a :class:`PidFile` each and a :class:`RankLeft` when they
+exit normally; the fork launcher writes a :class:`RootCause` when a rank fails first. A
+file of another run, or one that does not parse as its type, is ignored by the reader
+(``None``), never mistaken for this run's evidence. Where each file lives:
+:mod:`cpmatrix.remote.protocol.folders`.
 
 Example::
 
@@ -17,8 +15,6 @@ Example::
     ...                 case="m:f", rows=1, cols=2, dtype="fp64", out_dir="cells/t")
     >>> CellSpec.from_json(spec.to_json()) == spec, spec.world_size
     (True, 2)
-    >>> marker_name(3, 1, "done"), parse_marker_name("3.r1.done")
-    ('3.r1.done', (3, 1, 'done'))
 """
 
 from __future__ import annotations
@@ -27,30 +23,34 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from cpmatrix.fsutil import atomic_write_json, read_json
 
+if TYPE_CHECKING:  # the ranks never import the spec's modules
+    from cpmatrix.matrix.schema import Cell
+
 __all__ = [
-    "OUTPUT_LOG",
+    "ERROR",
+    "OK",
     "CellSpec",
     "CompileJob",
     "Outcome",
+    "OutcomeStatus",
     "PidFile",
     "RankLeft",
+    "RootCause",
     "StartMarker",
     "WorldSpec",
-    "cell_output_log",
-    "cell_output_logs",
-    "marker_name",
-    "parse_marker_name",
     "read_typed",
-    "work_folder",
     "write_typed",
 ]
 
-MarkerKind = Literal["start", "done"]
 T = TypeVar("T")
+#: What a rank says of a cell it ran: it passed there, or it did not.
+OutcomeStatus = Literal["ok", "error"]
+OK: Final = "ok"
+ERROR: Final = "error"
 
 
 class _Json:
@@ -108,6 +108,27 @@ class CellSpec(_Json):
     def world_size(self) -> int:
         return self.rows * self.cols
 
+    @classmethod
+    def from_cell(cls, cell: Cell, *, out_dir: str, mutant: str = "",
+                  run_number: int = 1) -> CellSpec:
+        """The one copy of a cell's fields into the spec a child runs (the axes parsed).
+
+        >>> from cpmatrix.matrix.schema import Cell, Mesh
+        >>> cell = Cell(id="t@cpu", target="t", case="m:f", kind="parity", level="unit",
+        ...     mesh=Mesh.parse("1x2"), dtype="fp64", autocast=False, path="reference",
+        ...     params=(("seq", 7),), platform="cpu", timeout_s=60, tags=())
+        >>> spec = CellSpec.from_cell(cell, out_dir="cells/t@cpu")
+        >>> spec.world_size, spec.params, spec.timeout_s
+        (2, {'seq': 7}, 60)
+        """
+        return cls(
+            id=cell.id, target=cell.target, case=cell.case, case_file=cell.case_file,
+            kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
+            dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
+            platform=cell.platform, timeout_s=cell.timeout_s, mutant=mutant,
+            out_dir=out_dir, run_number=run_number,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorldSpec(_Json):
@@ -133,6 +154,9 @@ class WorldSpec(_Json):
     #: state): the pytest front's in-rank session (:mod:`cpmatrix.pytest_front.rank`).
     #: Empty: none.
     prepare: str = ""
+    #: ``--profile``: each rank prints a ``PROFILE`` line per cell into its log (the
+    #: cell's environment, isolation checks, barrier, group check and setup times).
+    profile: bool = False
 
     def ranks_of(self, index: int) -> tuple[int, ...]:
         """The world ranks cell ``index`` runs on; its rank ``r`` is ``ranks_of(i)[r]``.
@@ -184,7 +208,7 @@ class Outcome(_Json):
     rank: int
     id: str
     run: str
-    status: Literal["ok", "error"]
+    status: OutcomeStatus
     exc_type: str = ""
     message: str = ""
     traceback: str = ""
@@ -208,7 +232,7 @@ class Outcome(_Json):
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OK
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,62 +256,37 @@ class RankLeft(_Json):
     run: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RootCause(_Json):
+    """The fork launcher's first observed failure: the world rank that ended first with a
+    non-zero status (``WorldFolder.root_cause``).
+
+    Written once, before the launcher kills the other ranks; the supervisor reads it to
+    name the rank that died (torchrun's own launcher prints a text block instead, which
+    the supervisor parses for that launcher only). It carries the run's id, as every file
+    a rank or launcher writes does: world names repeat from run to run, and a straggling
+    launcher of an earlier run sharing ``--out`` must not name this run's culprit.
+
+    >>> RootCause.from_json(RootCause(run="r1", rank=1, exitcode=-9, pid=42, time=0.0)
+    ...                     .to_json())
+    RootCause(run='r1', rank=1, exitcode=-9, pid=42, time=0.0)
+    """
+
+    #: The run the launcher's world belongs to.
+    run: str
+    #: The world rank.
+    rank: int
+    #: Its exit code, or minus the signal that killed it (torchrun's convention).
+    exitcode: int
+    pid: int
+    #: When the launcher saw it end (seconds since the epoch).
+    time: float
+
+
 _NESTED: dict[tuple[str, str], type[_Json]] = {
     ("WorldSpec", "cells"): CellSpec,
     ("CompileJob", "cells"): CellSpec,
 }
-
-
-def marker_name(index: int, rank: int, kind: MarkerKind) -> str:
-    return f"{index}.r{rank}.{kind}"
-
-
-def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
-    """``(index, rank, kind)`` of a marker file name; None for any other file."""
-    stem, _, kind = name.rpartition(".")
-    index, sep, rank = stem.partition(".r")
-    if kind not in ("start", "done") or not sep or not index.isdigit() or not rank.isdigit():
-        return None
-    return int(index), int(rank), kind  # type: ignore[return-value]
-
-
-def work_folder(out_dir: str, world: str) -> str:
-    """A cell's working folder in one world launch, relative to the run's output folder.
-
-    It holds the cell's working directory, ``HOME`` and ``TMPDIR`` (``cwd``, ``home``,
-    ``tmp``), shared by the cell's ranks; the supervisor removes it when the cell passed,
-    and keeps it (the report names it) when it did not. Per launch, so a rerun
-    never meets a kept folder of an earlier attempt.
-
-    >>> work_folder("cells/t[unit]@cpu", "003-cpu-w2-b0.a1")
-    'cells/t[unit]@cpu/work/003-cpu-w2-b0.a1'
-    """
-    return f"{out_dir}/work/{world}"
-
-
-def cell_output_log(out_dir: str, rank: int) -> str:
-    """What rank ``rank`` of a cell printed while it ran (its share of the world's rank
-    log), relative to the run's output folder; written by the supervisor for every cell,
-    stored with a cached pass and put back on a hit (docs/cache.md).
-
-    >>> cell_output_log("cells/t[unit]@cpu", 1)
-    'cells/t[unit]@cpu/rank1/output.log'
-    """
-    return f"{out_dir}/rank{rank}/{OUTPUT_LOG}"
-
-
-def cell_output_logs(cell_folder: str | os.PathLike[str]) -> dict[int, Path]:
-    """Every rank's :func:`cell_output_log` found in a cell's folder, by rank."""
-    found = {}
-    for log in Path(cell_folder).glob(f"rank*/{OUTPUT_LOG}"):
-        rank = log.parent.name.removeprefix("rank")
-        if rank.isdigit():
-            found[int(rank)] = log
-    return dict(sorted(found.items()))
-
-
-#: The file name of :func:`cell_output_log`.
-OUTPUT_LOG = "output.log"
 
 
 def write_typed(path: str | os.PathLike[str], value: _Json) -> None:

@@ -1,6 +1,6 @@
 """The rank side of benchmarks/world_start.py: time each phase of a world start.
 
-Started by torchrun or by cpmatrix's fork launcher (``-m world_start_rank OUT_DIR``);
+Started by torchrun or by cpmatrix's fork launcher (``-m _world_start_rank OUT_DIR``);
 writes ``OUT_DIR/rank<R>.json`` with wall-clock stamps of each phase.
 """
 

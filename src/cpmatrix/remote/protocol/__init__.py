@@ -1,0 +1,102 @@
+"""The world protocol: everything a supervisor and its children exchange, named once.
+
+Both sides import it, and neither spells a file name, store key or status word by hand
+(``tests/unit/test_protocol.py`` fails if one does). Standard library only: the worker
+side (:mod:`~cpmatrix.remote.world_main`, :mod:`~cpmatrix.remote.forkrun`,
+:mod:`~cpmatrix.remote.compile_main`) imports it at start-up.
+
+- :mod:`~cpmatrix.remote.protocol.records`: the typed files (job files, start markers,
+  outcomes, pid and left files, the fork launcher's root cause), written atomically and
+  read back as their type or not at all;
+- :mod:`~cpmatrix.remote.protocol.folders`: where each file lives (a world's folder, a
+  compile job's, a cell's files);
+- :mod:`~cpmatrix.remote.protocol.store`: the keys and words a cell's ranks exchange
+  through the launcher's store (the agreement before a cell, the reports after it).
+
+Example::
+
+    >>> from pathlib import Path
+    >>> folder = WorldFolder(Path("w"))
+    >>> str(folder.marker(0, 1, START)), ready_key(0, 1)
+    ('w/progress/0.r1.start', 'cpmatrix/0/ready/r1')
+"""
+
+from __future__ import annotations
+
+from cpmatrix.remote.protocol.folders import (
+    DONE,
+    OUTPUT_LOG,
+    STACKS,
+    START,
+    CompileFolder,
+    MarkerKind,
+    WorldFolder,
+    cell_output_log,
+    cell_output_logs,
+    cell_stacks,
+    marker_name,
+    parse_marker_name,
+    rank_dir,
+    work_folder,
+)
+from cpmatrix.remote.protocol.records import (
+    ERROR,
+    OK,
+    CellSpec,
+    CompileJob,
+    Outcome,
+    OutcomeStatus,
+    PidFile,
+    RankLeft,
+    RootCause,
+    StartMarker,
+    WorldSpec,
+    read_typed,
+    write_typed,
+)
+from cpmatrix.remote.protocol.store import (
+    RECYCLE,
+    PeerReport,
+    PeerStatus,
+    Ready,
+    group_prefix,
+    ready_key,
+    report_key,
+)
+
+__all__ = [
+    "DONE",
+    "ERROR",
+    "OK",
+    "OUTPUT_LOG",
+    "RECYCLE",
+    "STACKS",
+    "START",
+    "CellSpec",
+    "CompileFolder",
+    "CompileJob",
+    "MarkerKind",
+    "Outcome",
+    "OutcomeStatus",
+    "PeerReport",
+    "PeerStatus",
+    "PidFile",
+    "RankLeft",
+    "Ready",
+    "RootCause",
+    "StartMarker",
+    "WorldFolder",
+    "WorldSpec",
+    "cell_output_log",
+    "cell_output_logs",
+    "cell_stacks",
+    "group_prefix",
+    "marker_name",
+    "parse_marker_name",
+    "rank_dir",
+    "read_typed",
+    "ready_key",
+    "report_key",
+    "work_folder",
+    "write_typed",
+]

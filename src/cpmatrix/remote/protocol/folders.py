@@ -1,0 +1,211 @@
+"""Where the protocol's files live: a job's folder, its progress markers, a cell's files.
+
+Both sides build every path here, never by hand: the supervisor
+(:mod:`cpmatrix.run.executors.world`, :mod:`~cpmatrix.run.executors.compile`) and the
+children (:mod:`cpmatrix.remote.world_main`, :mod:`~cpmatrix.remote.forkrun`,
+:mod:`~cpmatrix.remote.compile_main`). Standard library only.
+
+A world's folder (:class:`WorldFolder`, ``<out>/worlds/<world>``)::
+
+    world.json          the job file (WorldSpec), written by the supervisor
+    command.json        the launcher's command and environment (for ``repro``)
+    torchrun.log        the launcher's own output (either launcher)
+    root_cause.json     the fork launcher's first failing rank (RootCause)
+    rank<R>.pid         each rank's PidFile; rank<R>.left once it exits normally
+    rank<R>.log         each rank's stdout and stderr
+    rank<R>.idle-stacks.txt   its stacks when dumped between cells
+    dump.request        touched by the supervisor: every rank dumps its stacks
+    progress/<i>.r<r>.start|done   per cell and rank in the cell: StartMarker, Outcome
+    strays/<i>.r<r>.<pid>          a case's forked child that came back into cpmatrix
+    home/, tmp/         the launcher's HOME and TMPDIR
+
+A compile job's folder (:class:`CompileFolder`, ``<out>/spill/<job>``): ``job.json``,
+``spill.log`` and ``progress/`` (rank 0 only). A cell's files, relative to the run's
+output folder: :func:`rank_dir` (what the case writes), :func:`cell_output_log`,
+:func:`cell_stacks`, :func:`work_folder`.
+
+Example::
+
+    >>> folder = WorldFolder(Path("/o/worlds/w"))
+    >>> folder.pid_file(2).name, folder.marker(3, 1, DONE).relative_to(folder.path)
+    ('rank2.pid', PosixPath('progress/3.r1.done'))
+    >>> marker_name(3, 1, "done"), parse_marker_name("3.r1.done")
+    ('3.r1.done', (3, 1, 'done'))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+# A cell's files live in the run's output folder, whose names are spelled in one place;
+# the protocol re-exports them for both sides.
+from cpmatrix.layout import (
+    OUTPUT_LOG,
+    STACKS,
+    cell_output_log,
+    cell_output_logs,
+    cell_stacks,
+    rank_dir,
+    work_folder,
+)
+
+__all__ = [
+    "DONE",
+    "OUTPUT_LOG",
+    "STACKS",
+    "START",
+    "CompileFolder",
+    "MarkerKind",
+    "WorldFolder",
+    "cell_output_log",
+    "cell_output_logs",
+    "cell_stacks",
+    "marker_name",
+    "parse_marker_name",
+    "rank_dir",
+    "work_folder",
+]
+
+MarkerKind = Literal["start", "done"]
+#: The start marker (written before a cell runs) and the done marker (its outcome).
+START: Final = "start"
+DONE: Final = "done"
+_PROGRESS: Final = "progress"
+
+
+def marker_name(index: int, rank: int, kind: MarkerKind) -> str:
+    """The name of cell ``index``'s ``kind`` marker on ``rank`` (its rank in the cell)."""
+    return f"{index}.r{rank}.{kind}"
+
+
+def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
+    """``(index, rank, kind)`` of a marker file name; None for any other file."""
+    stem, _, kind = name.rpartition(".")
+    index, sep, rank = stem.partition(".r")
+    if kind not in (START, DONE) or not sep or not index.isdigit() or not rank.isdigit():
+        return None
+    return int(index), int(rank), kind  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class WorldFolder:
+    """A world launch's folder: every file the supervisor and the ranks exchange.
+
+    Made afresh (emptied) by the supervisor for every launch, so no file of an
+    earlier launch is ever read as this one's.
+    """
+
+    path: Path
+
+    @property
+    def world_file(self) -> Path:
+        """The job file (:class:`~cpmatrix.remote.protocol.records.WorldSpec`)."""
+        return self.path / "world.json"
+
+    @property
+    def command_file(self) -> Path:
+        """The launcher's argv and environment, as ``{"argv": [...], "env": {...}}``."""
+        return self.path / "command.json"
+
+    @property
+    def launcher_log(self) -> Path:
+        """The launcher's stdout and stderr (torchrun's "Root Cause" block is there)."""
+        return self.path / "torchrun.log"
+
+    @property
+    def root_cause(self) -> Path:
+        """The fork launcher's :class:`~cpmatrix.remote.protocol.records.RootCause`."""
+        return self.path / "root_cause.json"
+
+    @property
+    def progress(self) -> Path:
+        """The folder of the cells' markers (:func:`marker_name`)."""
+        return self.path / _PROGRESS
+
+    def marker(self, index: int, rank: int, kind: MarkerKind) -> Path:
+        """Cell ``index``'s ``kind`` marker on ``rank`` (its rank in the cell)."""
+        return self.progress / marker_name(index, rank, kind)
+
+    @property
+    def dump_request(self) -> Path:
+        """Its modification time changing asks every rank for its stacks (a rank in its
+        own pid namespace cannot be signalled)."""
+        return self.path / "dump.request"
+
+    def pid_file(self, rank: int) -> Path:
+        """World rank ``rank``'s :class:`~cpmatrix.remote.protocol.records.PidFile`."""
+        return self.path / f"rank{rank}.pid"
+
+    def left_file(self, rank: int) -> Path:
+        """World rank ``rank``'s :class:`~cpmatrix.remote.protocol.records.RankLeft`."""
+        return self.path / f"rank{rank}.left"
+
+    def rank_log(self, rank: int) -> Path:
+        """World rank ``rank``'s stdout and stderr (its cells' markers hold offsets)."""
+        return self.path / f"rank{rank}.log"
+
+    def logs(self) -> list[Path]:
+        """The ranks' logs there now, by name, then the launcher's (what ``repro`` follows)."""
+        ranks = sorted(p for p in self.path.glob("rank*.log") if p.stem[4:].isdigit())
+        return [*ranks, self.launcher_log]
+
+    def idle_stacks(self, rank: int) -> Path:
+        """Where world rank ``rank`` dumps its stacks while it waits between cells."""
+        return self.path / f"rank{rank}.idle-stacks.txt"
+
+    @property
+    def home(self) -> Path:
+        """The launcher's ``HOME`` (a cell gets its own: :func:`work_folder`)."""
+        return self.path / "home"
+
+    @property
+    def tmp(self) -> Path:
+        """The launcher's ``TMPDIR``."""
+        return self.path / "tmp"
+
+    @property
+    def strays(self) -> Path:
+        """Notes of a case's forked children that came back out of the case."""
+        return self.path / "strays"
+
+    def stray(self, index: int, rank: int, pid: int) -> Path:
+        """The note of child ``pid`` of cell ``index`` on ``rank`` (its rank in the cell)."""
+        return self.strays / f"{self._stray_prefix(index, rank)}{pid}"
+
+    def strays_of(self, index: int, rank: int) -> dict[str, Path]:
+        """Every note :meth:`stray` left for cell ``index`` on ``rank``, by child pid."""
+        prefix = self._stray_prefix(index, rank)
+        try:
+            names = os.listdir(self.strays)
+        except OSError:
+            return {}
+        return {n[len(prefix):]: self.strays / n for n in sorted(names) if n.startswith(prefix)}
+
+    @staticmethod
+    def _stray_prefix(index: int, rank: int) -> str:
+        return f"{index}.r{rank}."
+
+
+@dataclass(frozen=True, slots=True)
+class CompileFolder:
+    """A compile job's folder: its job file, its log and its markers (rank 0 only)."""
+
+    path: Path
+
+    @property
+    def job_file(self) -> Path:
+        """The job file (:class:`~cpmatrix.remote.protocol.records.CompileJob`)."""
+        return self.path / "job.json"
+
+    @property
+    def log(self) -> Path:
+        """The compile subprocess's stdout and stderr."""
+        return self.path / "spill.log"
+
+    @property
+    def progress(self) -> Path:
+        """The folder of the cells' markers (rank 0 only: a compile runs no world)."""
+        return self.path / _PROGRESS

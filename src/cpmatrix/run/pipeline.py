@@ -1,0 +1,377 @@
+"""The run's front door: claim -> shard -> order -> prepare -> pack -> schedule -> run ->
+report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
+
+A front parses its input into :class:`~cpmatrix.run.options.RunOptions` and the selected
+cells, calls one function here and prints what it is told through its :class:`Hooks`
+(the lines of the run, its progress, its summary). Nothing else of the run is the
+front's business: :func:`execute` returns the exit code, :func:`reproduce` a one-cell
+run, :func:`execute_cells` the pytest plugin's run, :func:`plan_only` the dry run.
+
+Example::
+
+    class Console:            # a Hooks: say/warn print; start/result/done show progress
+        ...
+
+    code = execute(options, lambda: Chosen(matrix=matrix, cells=cells), Console())
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from cpmatrix.errors import ExitCode
+from cpmatrix.layout import RunLayout
+from cpmatrix.matrix.schema import Cell, Matrix, Platform
+from cpmatrix.result import Result
+from cpmatrix.run.cache import ActionKeys
+from cpmatrix.run.cache_layers import remote_settings
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors import EXECUTORS, executor_for
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.ordering import Order, arrange, parse_order
+from cpmatrix.run.outcome import RunReport
+from cpmatrix.run.outdir import OutClaim, claim_out
+from cpmatrix.run.provenance import cell_digests, run_source
+from cpmatrix.run.schedulers import Scheduler, scheduler_for
+from cpmatrix.run.session import JobPool, Known, Watch, run_cells
+from cpmatrix.run.settings import PlanSettings
+from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec, prepare_run
+from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
+from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
+
+__all__ = ["Chosen", "Entry", "Hooks", "ReproHooks", "Reproduced", "RunReport", "check_options",
+           "execute", "execute_cells", "plan_only", "reproduce", "write_report_html"]
+
+
+class Hooks(Protocol):
+    """What a front shows of a run: its lines (stdout, stderr), progress, summary."""
+
+    def say(self, line: str) -> None:
+        """A line of the run's own output (stdout)."""
+
+    def warn(self, line: str) -> None:
+        """A warning or an error (stderr)."""
+
+    def start(self, total: int) -> None:
+        """The run starts ``total`` cells."""
+
+    def result(self, entry: Entry, result: Result) -> None:
+        """One cell's result, as it comes."""
+
+    def done(self) -> None:
+        """The cells are all in (or the run stopped): progress ends."""
+
+    def summary(self, report: RunReport, out: Path) -> None:
+        """The run's summary, after its report and cache lines."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The selection a front made: the matrix and its selected cells (or why none)."""
+
+    matrix: Matrix
+    cells: list[Cell]
+    #: What to say when ``cells`` is empty (exit 3).
+    nothing: str = ""
+
+
+@dataclass(frozen=True)
+class _Narrowed:
+    """The cells this run (shard) runs, in their order; the whole selection's keys."""
+
+    cells: list[Cell]
+    selection: list[Cell]
+    keys: ActionKeys
+    order: Order | None
+
+
+def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> int:
+    """Run what ``choose`` selects (``--dry-run``: plan it) and return the exit code.
+
+    ``choose`` runs after ``--out`` is claimed: whatever happens next (a spec error
+    included), the folder can no longer hold the previous run's report for a gate to
+    read as this run's.
+    """
+    scheduler = scheduler_for(options)
+    scheduler.preflight(dry_run=options.dry_run)
+    out = Path(options.out).resolve()
+    claim = None if options.dry_run else claim_out(out)
+    try:
+        chosen = choose()
+        if not chosen.cells:
+            hooks.warn(chosen.nothing)
+            return ExitCode.NOTHING_SELECTED
+        recorded = Recorded(options, out)
+        narrowed = _narrow(options, chosen, recorded, claim, hooks)
+        if isinstance(narrowed, int):
+            return narrowed
+        # A bad remote_cache: is exit 2, --dry-run too.
+        remote_settings(options.caching, chosen.matrix)
+        if claim is None:
+            return plan_only(narrowed.cells, {p.name: p for p in chosen.matrix.platforms},
+                             options, hooks, order=narrowed.order, scheduler=scheduler,
+                             recorded=recorded)
+        prepared = prepare_run(options, chosen.matrix, narrowed.cells, claim,
+                               keys=narrowed.keys, selection=narrowed.selection,
+                               order=str(narrowed.order or ""), scheduler=scheduler)
+        report, stopped = _run_prepared(options, prepared, scheduler, recorded, hooks)
+    finally:
+        if claim is not None:
+            claim.release()
+    return _exit_code(report, stopped, prepared, hooks)
+
+
+def _narrow(options: RunOptions, chosen: Chosen, recorded: Recorded, claim: OutClaim | None,
+            hooks: Hooks) -> _Narrowed | int:
+    """``--shard``'s part of the selection (its manifest written), in ``--order``; an
+    exit code when the shard is empty."""
+    cells = selection = chosen.cells
+    keys = ActionKeys(search_path=chosen.matrix.pythonpath)
+    if options.shard is not None:
+        out = recorded.out
+        cells, manifest = take_shard(cells, options.shard, recorded.durations())
+        hooks.say(f"shard {manifest.shard}/{manifest.of}: {len(manifest.cells)} of "
+                  f"{len(manifest.all_cells)} cells")
+        if claim is not None:
+            manifest.write(out)
+            if not cells:  # more shards than cells: an empty report, not a failure
+                write_empty_report(out, claim.run_id, source={
+                    **run_source(chosen.matrix.path, keys).to_dict(),
+                    "cells": cell_digests(selection, keys)})
+                return ExitCode.OK
+        elif not cells:
+            return ExitCode.OK
+    order = parse_order(options.order) if options.order is not None else None
+    if order is not None:
+        cells = arrange(cells, order)
+        hooks.say(f"order: {order} (--order {order} runs this order again)")
+    return _Narrowed(cells=cells, selection=selection, keys=keys, order=order)
+
+
+def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Scheduler,
+                  recorded: Recorded, hooks: Hooks) -> tuple[RunReport, int | None]:
+    """Pack, schedule and run the prepared cells; report.html, the cache's uploads and the
+    summary after. (The report, and the signal that stopped the run.)"""
+    out = Path(options.out).resolve()
+    # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
+    pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
+                     scheduler=scheduler)
+    if prepared.skipped:
+        hooks.warn(f"skipping {len(prepared.skipped)} cuda cells wider than the "
+                   f"{prepared.devices} GPU(s) visible (one rank per GPU); they are reported "
+                   "as skipped")
+    hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
+    scheduling = scheduler.schedule(replace(prepared.context, pack=pack), prepared.cells,
+                                    devices=prepared.devices,
+                                    durations=recorded.durations)
+    if scheduling.note:
+        hooks.say(scheduling.note)
+    if options.runs_per_test > 1:
+        hooks.say(f"runs per test: {options.runs_per_test} (each of the "
+                  f"{len(prepared.cells)} cells runs that often; runs that disagree make it "
+                  "FLAKY)")
+    pool = JobPool(jobs=scheduling.jobs, devices=scheduling.devices,
+                   worlds=scheduling.worlds, wrap_job=scheduling.wrap_job)
+    known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
+                  skipped=prepared.skipped,
+                  recorded=recorded.history())
+    with stop_on_signals() as stopper:
+        try:
+            report = run_cells(prepared.cells, prepared.platforms, scheduling.context,
+                               plan=options.planning, pool=pool, known=known,
+                               watch=Watch(on_start=hooks.start, on_result=hooks.result,
+                                           stopper=stopper))
+        finally:
+            hooks.done()
+        _finish(out, prepared, report, hooks)
+    return report, stopper.signum
+
+
+def _finish(out: Path, prepared: PreparedRun, report: RunReport, hooks: Hooks) -> None:
+    """report.html; the cache's line and its layers' uploads and record; the summary."""
+    write_report_html(out, warn=hooks.warn)
+    if prepared.cache_note:
+        hooks.say(prepared.cache_note)
+    if prepared.cache_layers is not None:
+        for line in prepared.cache_layers.finish():
+            hooks.say(line)
+        prepared.cache_layers.record(out)
+    hooks.summary(report, out)
+    if prepared.mutants is not None:
+        hooks.say(report.mutant_line())
+
+
+def _exit_code(report: RunReport, signum: int | None, prepared: PreparedRun,
+               hooks: Hooks) -> int:
+    stopped = report.stopped_by or signum
+    if stopped is not None:
+        hooks.warn(f"stopped by {signal.Signals(stopped).name}: unfinished cells are "
+                   "reported as interrupted")
+        return exit_code_for(stopped)
+    if not prepared.cells:
+        hooks.warn(_nothing_fits(len(prepared.skipped), prepared.devices)
+                   + "; the report lists them as skipped")
+        return ExitCode.NOTHING_SELECTED
+    # A skipped cell is not ok either: 0 means every selected cell passed.
+    return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES
+
+
+def write_report_html(out: Path, warn: Callable[[str], None] | None = None) -> None:
+    """report.html beside report.xml; a rendering problem never fails the run (it is a
+    warning, on stderr unless ``warn`` takes it)."""
+    import sys
+
+    from cpmatrix.report import ReportError
+    from cpmatrix.report.html import write_html
+
+    try:
+        write_html(RunLayout(out).report_xml, RunLayout(out).report_html)
+    except (ReportError, OSError) as exc:
+        line = f"warning: report.html not written: {exc}"
+        if warn is not None:
+            warn(line)
+        else:
+            print(line, file=sys.stderr)
+
+
+def _nothing_fits(skipped: int, gpus: int) -> str:
+    return (f"nothing to run: each of the {skipped} selected cells needs more GPUs than the "
+            f"{gpus} visible (one rank per GPU; select narrower meshes, e.g. -k 1x1)")
+
+
+def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: RunOptions,
+              hooks: Hooks, *, order: Order | None, scheduler: Scheduler,
+              recorded: Recorded) -> int:
+    """``--dry-run``: print the plan each executor makes (the busiest first); run nothing."""
+    devices, fits, skipped, needs = devices_for(cells, platforms, options)
+    # With --order the worlds are planned without recorded durations (as a real run).
+    durations = recorded.durations() if order is None else {}
+    slots = scheduler.worlds(fits, lambda: durations)
+    pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
+    runs = options.runs_per_test  # each run is an entry of the plan, as in a real run
+    plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex for _ in range(runs)],
+                          options.planning, durations=durations, worlds=slots, pack=pack))
+             for ex in reversed(EXECUTORS)]
+    jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
+    times = f" x {runs} runs" if runs > 1 else ""
+    hooks.say(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} "
+              f"(runner: {options.runner})")
+    for ex, batches in plans:
+        for b in batches:
+            hooks.say(ex.describe(b))
+            for line in ex.describe_cells(b):
+                hooks.say(line)
+    hooks.say(scheduler.describe(plans))
+    if skipped:
+        hooks.say(f"skipped (not run on this host, reported as skipped): {len(skipped)} cells")
+        for c, why in skipped:
+            hooks.say(f"  {c.id}  {why}")
+    if needs and devices == 0:
+        hooks.say("note: no CUDA device is visible here, so a real run exits 2; "
+                  "--gpus N plans for a host with N GPUs")
+    if not fits:
+        hooks.warn(_nothing_fits(len(skipped), devices))
+        return ExitCode.NOTHING_SELECTED
+    return ExitCode.OK
+
+
+def check_options(options: RunOptions) -> None:
+    """Refuse (:class:`UsageError`) options no scheduler takes (Slurm's flags without
+    Slurm): a front that runs on this host whatever ``--scheduler`` says checks them as
+    a run does, before it reads anything."""
+    scheduler_for(options)
+
+
+@dataclass(frozen=True)
+class Reproduced:
+    """A one-cell run: its report (None when the cell cannot run here) and exit code."""
+
+    report: RunReport | None
+    code: int
+
+
+class ReproHooks(Protocol):
+    """What ``repro`` shows: its lines, the paste line, the logs while the cell runs."""
+
+    def say(self, line: str) -> None: ...
+    def warn(self, line: str) -> None: ...
+    def ready(self, runner: str) -> None:
+        """The runner is chosen: the command that reruns this is known."""
+    def watching(self, out: Path) -> AbstractContextManager[object]:
+        """While the cell runs (its worlds' logs grow under ``out / "worlds"``)."""
+
+
+def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
+              hooks: ReproHooks) -> Reproduced:
+    """Rerun exactly ``cell`` (with ``mutant``: then once with it switched on), with the
+    setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never cached."""
+    check_options(options)
+    out = Path(options.out).resolve()
+    claim = claim_out(out)
+    try:
+        prepared = prepare_run(options, matrix, [cell], claim)
+        if not prepared.cells:
+            (_, why), = prepared.skipped
+            hooks.warn(f"{cell.id}: cannot run here: {why}")
+            return Reproduced(report=None, code=ExitCode.USAGE)
+        hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
+        hooks.ready(prepared.runner.name)
+        # the unmutated cell first: a mutant is judged only against a green cell
+        mutants = {cell.id: ["", mutant]} if mutant else None
+        with hooks.watching(out), stop_on_signals() as stopper:
+            report = run_cells([cell], prepared.platforms, prepared.context,
+                               pool=JobPool(devices=prepared.devices),
+                               known=Known(mutants=mutants), watch=Watch(stopper=stopper))
+    finally:
+        claim.release()
+    if report.stopped_by is not None:
+        return Reproduced(report=report, code=exit_code_for(report.stopped_by))
+    result = list(report.results.values())[-1]  # the mutant run, with --mutant
+    return Reproduced(report=report,
+                      code=ExitCode.OK if result.status.ok else ExitCode.FAILURES)
+
+
+def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
+                  on_result: Callable[[Entry, Result], None],
+                  on_start: Callable[[int], None] | None = None) -> RunReport:
+    """The pytest plugin's run of ``cells``: claim, prepare, pack, run (no report.html,
+    no summary: pytest reports). A result being reported is reported whole: Ctrl-C
+    meanwhile waits for it, then stops the run."""
+    check_options(options)  # before --out is claimed, as a run does
+    claim = claim_out(Path(options.out).resolve())
+    try:
+        prepared = prepare_run(options, matrix, list(cells), claim)
+        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
+        context = replace(prepared.context, pack=pack)
+        with stop_on_signals() as stopper:
+            return run_cells(
+                prepared.cells, prepared.platforms, context,
+                plan=PlanSettings(batch_size=options.batch_size),
+                pool=JobPool(jobs=options.jobs, devices=prepared.devices),
+                known=Known(cached=prepared.cached, store=prepared.store,
+                            skipped=prepared.skipped),
+                watch=Watch(on_result=_whole(stopper, on_result), on_start=on_start,
+                            stopper=stopper))
+    finally:
+        claim.release()
+
+
+def _whole(stopper: Stopper, on_result: Callable[[Entry, Result], None]
+           ) -> Callable[[Entry, Result], None]:
+    def whole(entry: Entry, result: Result) -> None:
+        # (Once the run is stopping, the stopper is held already.)
+        held, signum = stopper.held, stopper.signum
+        stopper.held = True
+        try:
+            on_result(entry, result)
+        finally:
+            stopper.held = held
+        if not held and signum is None and stopper.signum is not None:
+            raise StopRequested(stopper.signum)
+
+    return whole

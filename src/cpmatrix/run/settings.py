@@ -1,0 +1,103 @@
+"""A run's settings as sections: each a frozen dataclass, defined once, shared.
+
+:class:`~cpmatrix.run.options.RunOptions` is the command line (one field per flag); the
+run reads it through these sections (``options.timings``, ``options.slurm``,
+``options.planning``, ``options.caching``), and :class:`~cpmatrix.run.context.RunContext`
+carries the same :class:`FaultTimings` to the jobs. A section's defaults are its own:
+``RunOptions`` takes each flag's default from its section (``--jobs``, ``--launcher`` and
+the like, which belong to no section, keep theirs there).
+
+The choice options are ``Literal`` types; :func:`choices` gives their values for argparse
+and for the messages that refuse another.
+
+Example::
+
+    >>> FaultTimings().abort_grace_s, SlurmSettings(partition="gpu").pending_timeout_s
+    (5.0, 600.0)
+    >>> choices(Launcher)
+    ('fork', 'torchrun')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_args
+
+__all__ = ["PLAN_DEFAULTS", "CacheSettings", "FaultTimings", "Launcher", "Packing", "PlanSettings",
+           "RunnerChoice", "SchedulerName", "SlurmSettings", "choices"]
+
+#: How a world's ranks are started (see docs/worlds.md for the measured choice).
+Launcher = Literal["fork", "torchrun"]
+#: How a world places its cells on its ranks (see docs/worlds.md).
+Packing = Literal["slots", "serial"]
+#: Where worlds run: this host's loop, or each world a Slurm job.
+SchedulerName = Literal["host", "slurm"]
+#: How a world's process tree is isolated (``auto``: docker > sandbox > local).
+RunnerChoice = Literal["local", "sandbox", "docker", "auto"]
+
+
+def choices(kind: Any) -> tuple[str, ...]:
+    """The values of a ``Literal`` choice type, in their order.
+
+    >>> choices(SchedulerName)
+    ('host', 'slurm')
+    """
+    return tuple(get_args(kind))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultTimings:
+    """How long a world may take at each step before cpmatrix acts (seconds)."""
+
+    #: After one rank fails a cell, how long the others may take to finish it.
+    abort_grace_s: float = 5.0
+    #: How long a world may take to start its first cell.
+    startup_timeout_s: float = 180.0
+    #: After every cell of a world is in, how long its ranks may take to exit.
+    teardown_grace_s: float = 20.0
+    #: After a rank died, how long torchrun may take to tear the world down itself.
+    dead_rank_grace_s: float = 3.0
+    #: Between the stack-dump request (SIGUSR1) and the kill.
+    dump_wait_s: float = 1.5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmSettings:
+    """Where and how the Slurm jobs are submitted (``--partition``, ``--account``, ...)."""
+
+    partition: str | None = None
+    account: str | None = None
+    extra_args: tuple[str, ...] = ()
+    pending_timeout_s: float = 600.0
+    #: Slurm jobs in flight at once (``--max-jobs``).
+    max_jobs: int = 8
+
+    @property
+    def given(self) -> bool:
+        """Whether any Slurm-only flag was given (they need the Slurm scheduler)."""
+        return bool(self.partition or self.account or self.extra_args)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanSettings:
+    """How the executors cut cells into batches (``--batch-size``, ``--keep-order``,
+    ``--runs-per-test``)."""
+
+    batch_size: int | None = None
+    keep_order: bool = False
+    #: Each cell runs this many times (run numbers 1..N).
+    runs: int = 1
+
+
+#: A plain run's planning: one run of each cell, the planner's own order.
+PLAN_DEFAULTS: Final = PlanSettings()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CacheSettings:
+    """The result cache: off, where, and the remote layer (``--no-cache``, ...)."""
+
+    no_cache: bool = False
+    cache_dir: str | None = None
+    remote_cache: str | None = None
+    remote_cache_read_only: bool = False

@@ -1,0 +1,73 @@
+"""Every benchmark in ``benchmarks/`` runs: each at its smallest size (``--smoke``) in a
+subprocess, as ``python benchmarks/NAME.py`` is run by hand; a new benchmark is covered
+by being there. Helpers of the benchmarks start with ``_`` (``_bench.py``, a rank script)
+and run only through them.
+
+Static checks keep the benchmarks on the public surface, so that a change inside the run
+breaks a test here, never a benchmark silently: the CLI (through ``_bench.cpmatrix``) and
+the readers of what a run writes (``report.xml``), never ``cpmatrix.run`` or ``cpmatrix.cli``
+internals nor a world's own files.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+#: Seconds of a smoke run on an idle 2-core machine: the ones that start worlds or
+#: torch's own harness are ``slow``.
+FAST = {"expand.py"}
+#: What only a world's internals name (remote/protocol.py's files and folders).
+WORLD_FILES = ("worlds", "progress", "world.json", ".done", ".start", ".left", ".pid")
+
+
+def _source(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def test_there_are_benchmarks() -> None:
+    assert len(SCRIPTS) >= 8, [p.name for p in SCRIPTS]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_has_a_smoke_size(script: Path) -> None:
+    calls = {node.func.id for node in ast.walk(_source(script))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert "add_smoke" in calls, f"{script.name}: give it --smoke (_bench.add_smoke)"
+
+
+@pytest.mark.parametrize("script", sorted(BENCHMARKS.glob("*.py")), ids=lambda p: p.name)
+def test_benchmarks_use_the_cli_and_public_readers(script: Path) -> None:
+    for node in ast.walk(_source(script)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            names = []
+        for name in names:
+            assert not name.startswith(("cpmatrix.run", "cpmatrix.cli")), (
+                f"{script.name} imports {name}: run cpmatrix through _bench.cpmatrix and read "
+                "its report (cpmatrix.report.read_report)")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value
+            assert value not in WORLD_FILES[:3] and not value.endswith(WORLD_FILES[3:]), (
+                f"{script.name} names a world's own file ({value!r}): read the report")
+
+
+@pytest.mark.parametrize("script", [
+    pytest.param(p, marks=() if p.name in FAST else pytest.mark.slow) for p in SCRIPTS
+], ids=lambda p: p.name)
+def test_every_benchmark_runs_at_its_smallest_size(script: Path, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(script), "--smoke"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, (
+        f"python benchmarks/{script.name} --smoke: exit {proc.returncode}\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}")
+    assert proc.stdout.strip(), "a benchmark prints its numbers"

@@ -1,0 +1,136 @@
+"""Each concept of issue 23's "one home per concept" is spelled in its home only.
+
+A source scan (no import): the output folder's names outside :mod:`cpmatrix.layout`, a
+folder's ``durations.json`` read or written outside :mod:`cpmatrix.report.history`, a
+parity check's name as a string literal outside :mod:`cpmatrix.parity.errors` (the frozen
+modules keep their literals: a ``Check`` member equals its string).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from cpmatrix import layout
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "cpmatrix"
+
+#: The output folder's file names (its folder names, "cells", "worlds", "spill", are
+#: words used for other things too: they are left to review).
+LAYOUT_NAMES = frozenset({layout.MARKER, layout.LOCK, layout.REPORT_XML, layout.RESULTS,
+                          layout.REPORT_HTML, layout.RUN_INFO, layout.DURATIONS,
+                          layout.SHARD_MANIFEST, layout.OUTPUT_LOG, layout.STACKS})
+#: Frozen modules (never edited): what they spell stays.
+FROZEN = {"run/cache.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
+          "parity/tolerance.py", "gate/_checks.py"}
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a module's code: docstrings and other bare strings left out,
+    each piece of an f-string in."""
+    tree = ast.parse(path.read_text())
+    bare = {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in bare]
+
+
+def _sources(*skip: str) -> list[tuple[str, Path]]:
+    return [(rel, p) for p in sorted(PACKAGE.rglob("*.py"))
+            if (rel := p.relative_to(PACKAGE).as_posix()) not in {*skip, *FROZEN}]
+
+
+def _found(names: frozenset[str], *skip: str, pieces: tuple[str, ...] = ()) -> list[str]:
+    return [f"{rel}:{line}: {text!r}" for rel, p in _sources(*skip)
+            for line, text in _code_strings(p)
+            if text in names or any(piece in text for piece in pieces)]
+
+
+def test_the_output_folder_is_spelled_in_layout_only() -> None:
+    found = _found(LAYOUT_NAMES, "layout.py", pieces=(".junit.xml",))
+    assert not found, "name these through cpmatrix.layout:\n" + "\n".join(found)
+
+
+def test_a_folder_history_is_read_and_written_by_history_only() -> None:
+    found = [f"{rel}: {name}" for rel, p in _sources("report/history.py")
+             for name in ("load_histories", "history_json")
+             if name in p.read_text()]
+    assert not found, ("read and write a folder's durations.json with load_run_history and "
+                       "save_run_history:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("text", sorted(LAYOUT_NAMES))
+def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
+    planted = tmp_path / "m.py"
+    planted.write_text(f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\n')
+    assert [s for _, s in _code_strings(planted)] == ["out", text]
+
+
+def test_every_kind_is_run_by_exactly_one_executor() -> None:
+    from cpmatrix.matrix.schema import KINDS
+    from cpmatrix.run.executors import EXECUTORS, executor_for
+
+    declared = [kind for e in EXECUTORS for kind in e.kinds]
+    assert sorted(declared) == sorted(KINDS), "matrix.schema.KINDS and the executors' kinds"
+    assert len(declared) == len(set(declared)), "a kind run by two executors"
+    assert all(kind in executor_for(kind).kinds for kind in KINDS)
+    with pytest.raises(KeyError):
+        executor_for("fuzz")
+
+
+def test_parity_check_names_are_check_members() -> None:
+    """A check's name as a literal (the frozen modules aside): ``Check.X`` instead."""
+    from cpmatrix.parity.errors import CHECKS
+
+    names = frozenset(CHECKS)
+    found = [f for f in _found(names, "parity/errors.py")
+             if f.startswith(("parity/", "suite/"))]
+    assert not found, "name these checks as cpmatrix.parity.errors.Check members:\n" + \
+        "\n".join(found)
+
+
+def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
+    """Cell -> CellSpec -> CellContext: every field the spec and the context share with
+    the cell arrives, none set by hand on the way (``from_cell``, ``from_spec``)."""
+    from dataclasses import fields
+
+    from cpmatrix.cell import CellContext
+    from cpmatrix.matrix.schema import Cell, Mesh
+    from cpmatrix.remote.protocol import CellSpec
+
+    cell = Cell(id="t[layer,2x3,bf16,autocast=on,kernel]@cuda", target="t", case="m:f",
+                kind="property", level="layer", mesh=Mesh.parse("2x3"), dtype="bf16",
+                autocast=True, path="kernel", params=(("seq", 7),), platform="cuda",
+                timeout_s=42, tags=(), case_file="/src/m.py")
+    spec = CellSpec.from_cell(cell, out_dir="cells/x", mutant="off_by_one", run_number=3)
+    assert CellSpec.from_json(spec.to_json()) == spec
+    for f in fields(CellSpec):
+        if hasattr(cell, f.name) and f.name != "spill":
+            want = dict(cell.params) if f.name == "params" else getattr(cell, f.name)
+            assert getattr(spec, f.name) == want, f.name
+    assert (spec.rows, spec.cols, spec.world_size) == (2, 3, 6)
+    assert (spec.out_dir, spec.mutant, spec.run_number) == ("cells/x", "off_by_one", 3)
+
+    ctx = CellContext.from_spec(spec, rank=5, mesh="m", device="d", backend="nccl",
+                                dtype="bfloat16", seed=9, generator="g", out_dir=Path("o"))
+    for f in fields(CellContext):
+        if hasattr(spec, f.name) and f.name not in ("dtype", "out_dir"):
+            assert getattr(ctx, f.name) == getattr(spec, f.name), f.name
+    assert (ctx.dtype_name, ctx.rank, ctx.world_size) == ("bf16", 5, 6)
+
+
+def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
+    homes = {"CellSpec": {"remote/protocol/records.py"},
+             # The pytest front's own fixture: a context of a plain pytest test, no spec.
+             "CellContext": {"cell.py", "pytest_front/plugin.py"}}
+    found = []
+    for rel, p in _sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and rel not in homes.get(node.func.id, {rel}):
+                found.append(f"{rel}:{node.lineno}: {node.func.id}(...)")
+    assert not found, "use CellSpec.from_cell / CellContext.from_spec:\n" + "\n".join(found)
