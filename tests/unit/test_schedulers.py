@@ -15,7 +15,7 @@ from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.schedulers import HostScheduler, SlurmScheduler, scheduler_for
 from cpmatrix.run.settings import FaultTimings, SlurmSettings
-from cpmatrix.run.slurm import JobState, SlurmJob, SlurmRunner, job_name_of
+from cpmatrix.run.slurm import JobState, SlurmJob, SlurmRunner
 
 
 def test_the_scheduler_is_picked_once_from_the_options() -> None:
@@ -36,15 +36,15 @@ def test_slurm_flags_without_slurm_are_refused() -> None:
     (RunOptions(scheduler="slurm", max_jobs=2), (2, 8)),  # each job a node of 4 GPUs
 ])
 def test_the_pool(options: RunOptions, pool: tuple[int, int]) -> None:
-    assert scheduler_for(options).pool(4) == pool
+    got = scheduler_for(options).pool(4)
+    assert (got.jobs, got.devices) == pool
 
 
 def test_no_device_is_a_usage_error_naming_what_to_do() -> None:
     with pytest.raises(UsageError, match="no CUDA device is visible"):
-        scheduler_for(RunOptions()).check_devices(needs=True, devices=0, gpus=None)
+        scheduler_for(RunOptions()).check_devices(needs=True, devices=0)
     with pytest.raises(UsageError, match="--gpus N"):
-        scheduler_for(RunOptions(scheduler="slurm")).check_devices(needs=True, devices=0,
-                                                                   gpus=None)
+        scheduler_for(RunOptions(scheduler="slurm")).check_devices(needs=True, devices=0)
 
 
 def test_the_sections_carry_the_flags() -> None:
@@ -97,7 +97,7 @@ def test_a_pending_slurm_job_holds_its_worlds_clock_and_is_named_by_its_schedule
     states = {"cpmatrix-r1-003-cpu-w1-b0.a1": JobState("7", "PENDING", "Priority")}
     runner.state = lambda name, fresh=False: states.get(name)  # type: ignore[method-assign]
     inner = _FakeJob(runner=runner)
-    job = SlurmJob(inner, runner, job_name_of(inner.token))
+    job = SlurmJob(inner, runner)
     job.start()
     assert job.slurm_name == "cpmatrix-r1-003-cpu-w1-b0.a1"
     assert job.slurm_name in runner.watching
@@ -112,7 +112,7 @@ def test_a_pending_slurm_job_holds_its_worlds_clock_and_is_named_by_its_schedule
 
 def test_a_job_that_never_started_is_not_watched() -> None:
     runner = SlurmRunner(LocalRunner(), SlurmSettings())
-    job = SlurmJob(_FakeJob(start_failed=True, runner=runner), runner, "cpmatrix-x")
+    job = SlurmJob(_FakeJob(start_failed=True, runner=runner), runner)
     job.start()
     assert job.slurm_name == "" and not runner.watching
 
@@ -122,6 +122,6 @@ def test_a_job_that_runs_here_is_not_watched() -> None:
     so it is never asked about (nor cancelled) as if it were a Slurm job."""
     runner = SlurmRunner(LocalRunner(), SlurmSettings())
     inner = _FakeJob(token="r1/spill-0")
-    job = SlurmJob(inner, runner, job_name_of(inner.token))
+    job = SlurmJob(inner, runner)
     job.start()
     assert job.slurm_name == "" and not runner.watching and not runner.submitted

@@ -115,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if done.report is None:
         return done.code
     print(format_summary(done.report, str(Path(options.out).resolve())))
-    if done.report.stopped_by is None:
-        result = list(done.report.results.values())[-1]  # the mutant run, with --mutant
-        for key, value in sorted(result.evidence.items()):
+    if done.result is not None:
+        for key, value in sorted(done.result.evidence.items()):
             print(f"evidence {key} = {value!r}")
     return done.code
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
@@ -206,13 +205,13 @@ def write_suites(suites: Mapping[str, TestSuite], out: str | os.PathLike[str],
 
 
 def write_run_junit(layout: RunLayout, batches: Mapping[str, Sequence[Result]],
-                    cells: Mapping[str, Cell], out: Path, run_id: str = "",
+                    cells: Mapping[str, Cell], run_id: str = "",
                     properties: Mapping[str, str] | None = None) -> None:
     """A run's junit files: one per batch (``layout.world_junit(batch)``), merged into
-    ``out`` (report.xml)."""
+    ``layout.report_xml``."""
     files = []
     for batch, results in batches.items():
         path = layout.world_junit(batch)
         write_junit(path, results_to_junit(results, cells, batch))
         files.append(path)
-    merge_junit(files, out, run_id=run_id, properties=properties)
+    merge_junit(files, layout.report_xml, run_id=run_id, properties=properties)

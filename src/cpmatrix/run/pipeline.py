@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ from cpmatrix.result import Result
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import EXECUTORS, executor_for
+from cpmatrix.run.executors import plan_all
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.ordering import Order, arrange, parse_order
 from cpmatrix.run.outcome import RunReport
@@ -98,7 +99,7 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
     read as this run's.
     """
     scheduler = scheduler_for(options)
-    scheduler.preflight(dry_run=options.dry_run)
+    scheduler.preflight()
     out = Path(options.out).resolve()
     claim = None if options.dry_run else claim_out(out)
     try:
@@ -157,7 +158,6 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
                   recorded: Recorded, hooks: Hooks) -> tuple[RunReport, int | None]:
     """Pack, schedule and run the prepared cells; report.html, the cache's uploads and the
     summary after. (The report, and the signal that stopped the run.)"""
-    out = Path(options.out).resolve()
     # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
     pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
                      scheduler=scheduler)
@@ -175,20 +175,18 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
         hooks.say(f"runs per test: {options.runs_per_test} (each of the "
                   f"{len(prepared.cells)} cells runs that often; runs that disagree make it "
                   "FLAKY)")
-    pool = JobPool(jobs=scheduling.jobs, devices=scheduling.devices,
-                   worlds=scheduling.worlds, wrap_job=scheduling.wrap_job)
     known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
                   skipped=prepared.skipped,
                   recorded=recorded.history())
     with stop_on_signals() as stopper:
         try:
             report = run_cells(prepared.cells, prepared.platforms, scheduling.context,
-                               plan=options.planning, pool=pool, known=known,
+                               plan=options.planning, pool=scheduling.pool, known=known,
                                watch=Watch(on_start=hooks.start, on_result=hooks.result,
                                            stopper=stopper))
         finally:
             hooks.done()
-        _finish(out, prepared, report, hooks)
+        _finish(recorded.out, prepared, report, hooks)
     return report, stopper.signum
 
 
@@ -224,13 +222,12 @@ def _exit_code(report: RunReport, signum: int | None, prepared: PreparedRun,
 def write_report_html(out: Path, warn: Callable[[str], None] | None = None) -> None:
     """report.html beside report.xml; a rendering problem never fails the run (it is a
     warning, on stderr unless ``warn`` takes it)."""
-    import sys
-
     from cpmatrix.report import ReportError
     from cpmatrix.report.html import write_html
 
+    layout = RunLayout(out)
     try:
-        write_html(RunLayout(out).report_xml, RunLayout(out).report_html)
+        write_html(layout.report_xml, layout.report_html)
     except (ReportError, OSError) as exc:
         line = f"warning: report.html not written: {exc}"
         if warn is not None:
@@ -253,10 +250,8 @@ def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: Run
     durations = recorded.durations() if order is None else {}
     slots = scheduler.worlds(fits, lambda: durations)
     pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
-    runs = options.runs_per_test  # each run is an entry of the plan, as in a real run
-    plans = [(ex, ex.plan([c for c in fits if executor_for(c.kind) is ex for _ in range(runs)],
-                          options.planning, durations=durations, worlds=slots, pack=pack))
-             for ex in reversed(EXECUTORS)]
+    runs = options.planning.runs  # each run is an entry of the plan, as in a real run
+    plans = plan_all(fits, options.planning, durations=durations, worlds=slots, pack=pack)[::-1]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     times = f" x {runs} runs" if runs > 1 else ""
     hooks.say(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} "
@@ -289,10 +284,12 @@ def check_options(options: RunOptions) -> None:
 
 @dataclass(frozen=True)
 class Reproduced:
-    """A one-cell run: its report (None when the cell cannot run here) and exit code."""
+    """A one-cell run: its report (None when the cell cannot run here), exit code, and
+    the result repro shows (the mutant run's, with a mutant; None when it stopped)."""
 
     report: RunReport | None
     code: int
+    result: Result | None = None
 
 
 class ReproHooks(Protocol):
@@ -310,11 +307,11 @@ def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
               hooks: ReproHooks) -> Reproduced:
     """Rerun exactly ``cell`` (with ``mutant``: then once with it switched on), with the
     setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never cached."""
-    check_options(options)
+    scheduler = scheduler_for(options)
     out = Path(options.out).resolve()
     claim = claim_out(out)
     try:
-        prepared = prepare_run(options, matrix, [cell], claim)
+        prepared = prepare_run(options, matrix, [cell], claim, scheduler=scheduler)
         if not prepared.cells:
             (_, why), = prepared.skipped
             hooks.warn(f"{cell.id}: cannot run here: {why}")
@@ -332,7 +329,7 @@ def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
     if report.stopped_by is not None:
         return Reproduced(report=report, code=exit_code_for(report.stopped_by))
     result = list(report.results.values())[-1]  # the mutant run, with --mutant
-    return Reproduced(report=report,
+    return Reproduced(report=report, result=result,
                       code=ExitCode.OK if result.status.ok else ExitCode.FAILURES)
 
 
@@ -342,11 +339,12 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     """The pytest plugin's run of ``cells``: claim, prepare, pack, run (no report.html,
     no summary: pytest reports). A result being reported is reported whole: Ctrl-C
     meanwhile waits for it, then stops the run."""
-    check_options(options)  # before --out is claimed, as a run does
+    scheduler = scheduler_for(options)  # before --out is claimed, as a run does
     claim = claim_out(Path(options.out).resolve())
     try:
-        prepared = prepare_run(options, matrix, list(cells), claim)
-        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices)
+        prepared = prepare_run(options, matrix, list(cells), claim, scheduler=scheduler)
+        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
+                         scheduler=scheduler)
         context = replace(prepared.context, pack=pack)
         with stop_on_signals() as stopper:
             return run_cells(

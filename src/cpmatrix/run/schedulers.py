@@ -14,7 +14,7 @@ Example::
     >>> scheduler_for(RunOptions()).name, scheduler_for(RunOptions()).whole_platform
     ('host', True)
     >>> scheduler_for(RunOptions(scheduler="slurm", max_jobs=3)).pool(2)
-    (3, 6)
+    JobPool(jobs=3, devices=6, worlds=None, wrap_job=None)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Final, Protocol
 
 from cpmatrix.errors import UsageError
@@ -32,11 +31,11 @@ from cpmatrix.run.devices import visible_cuda_devices
 from cpmatrix.run.executors import Executor, Job
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.plan import Batch, slot_plan
+from cpmatrix.run.session import JobPool
 from cpmatrix.run.settings import SchedulerName
 from cpmatrix.run.slurm import (
     SlurmJob,
     SlurmRunner,
-    job_name_of,
     slurm_missing,
     slurm_plan,
     slurm_worlds,
@@ -53,13 +52,9 @@ class Scheduling:
 
     #: The run's context (under Slurm: its runner inside srun).
     context: RunContext
-    #: Jobs in flight at once, and the devices their pool holds.
-    jobs: int
-    devices: int
-    #: How many worlds each platform's cells are split into.
-    worlds: int
-    #: Makes each job the scheduler's own (None: run as it is).
-    wrap_job: Callable[[Job], Job] | None = None
+    #: Jobs in flight at once, the devices their pool holds, the world split and the
+    #: wrapper that makes each job the scheduler's own.
+    pool: JobPool
     #: A line saying where the worlds run ("" for this host).
     note: str = ""
 
@@ -72,16 +67,17 @@ class Scheduler(Protocol):
     #: worlds are split like any platform's (over nodes).
     whole_platform: bool
 
-    def preflight(self, *, dry_run: bool) -> None:
+    def preflight(self) -> None:
         """Refuse (:class:`UsageError`) what cannot be scheduled, before ``--out`` is
-        claimed."""
+        claimed (nothing for ``--dry-run``)."""
 
-    def check_devices(self, *, needs: bool, devices: int, gpus: int | None) -> None:
+    def check_devices(self, *, needs: bool, devices: int) -> None:
         """Refuse cuda cells with no device in the pool; warn about ``--gpus`` more than
         this host has, where that matters."""
 
-    def pool(self, devices: int) -> tuple[int, int]:
-        """(jobs at once, devices in the session's pool) for ``devices`` per world."""
+    def pool(self, devices: int) -> JobPool:
+        """Jobs at once and the devices in the session's pool, for ``devices`` per world
+        (no world split, no wrapper: :meth:`schedule` adds those)."""
 
     def worlds(self, cells: Sequence[Cell], durations: Callable[[], Mapping[str, float]]
                ) -> int:
@@ -106,10 +102,11 @@ class HostScheduler:
             raise UsageError("--partition, --account and --slurm-arg need --scheduler slurm")
         self.options = options
 
-    def preflight(self, *, dry_run: bool) -> None:
+    def preflight(self) -> None:
         pass  # this host is always there
 
-    def check_devices(self, *, needs: bool, devices: int, gpus: int | None) -> None:
+    def check_devices(self, *, needs: bool, devices: int) -> None:
+        gpus = self.options.gpus
         if needs and devices == 0:
             raise UsageError("the selection has cuda cells but no CUDA device is visible "
                              "(use --dry-run to check the plan on a CPU machine)")
@@ -119,8 +116,8 @@ class HostScheduler:
                 print(f"warning: --gpus {gpus}, but {seen} CUDA devices are visible "
                       "here: a world given a device that is not there fails", file=sys.stderr)
 
-    def pool(self, devices: int) -> tuple[int, int]:
-        return self.options.jobs, devices
+    def pool(self, devices: int) -> JobPool:
+        return JobPool(jobs=self.options.jobs, devices=devices)
 
     def worlds(self, cells: Sequence[Cell], durations: Callable[[], Mapping[str, float]]
                ) -> int:
@@ -128,9 +125,8 @@ class HostScheduler:
 
     def schedule(self, context: RunContext, cells: Sequence[Cell], *, devices: int,
                  durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        jobs, pool = self.pool(devices)
-        return Scheduling(context=context, jobs=jobs, devices=pool,
-                          worlds=self.worlds(cells, durations))
+        return Scheduling(context=context, pool=replace(
+            self.pool(devices), worlds=self.worlds(cells, durations)))
 
     def describe(self, plans: Plans) -> str:
         return slot_plan([b for _, bs in plans for b in bs], self.options.jobs,
@@ -147,22 +143,22 @@ class SlurmScheduler:
         self.options = options
         self.settings = options.slurm
 
-    def preflight(self, *, dry_run: bool) -> None:
-        missing = None if dry_run else slurm_missing()
+    def preflight(self) -> None:
+        missing = None if self.options.dry_run else slurm_missing()
         if missing is not None:
             raise UsageError(missing)
 
-    def check_devices(self, *, needs: bool, devices: int, gpus: int | None) -> None:
+    def check_devices(self, *, needs: bool, devices: int) -> None:
         # The submit host's GPUs do not count: a node's are given with --gpus.
         if needs and devices == 0:
             raise UsageError("the selection has cuda cells: with --scheduler slurm, give "
                              "the GPUs of one node with --gpus N (the submit host's do "
                              "not count)")
 
-    def pool(self, devices: int) -> tuple[int, int]:
+    def pool(self, devices: int) -> JobPool:
         # Slurm places each job on a node with its own GPUs: the pool here only caps how
         # many cuda worlds are in flight (--max-jobs of them at most).
-        return self.settings.max_jobs, devices * self.settings.max_jobs
+        return JobPool(jobs=self.settings.max_jobs, devices=devices * self.settings.max_jobs)
 
     def worlds(self, cells: Sequence[Cell], durations: Callable[[], Mapping[str, float]]
                ) -> int:
@@ -171,17 +167,15 @@ class SlurmScheduler:
     def schedule(self, context: RunContext, cells: Sequence[Cell], *, devices: int,
                  durations: Callable[[], Mapping[str, float]]) -> Scheduling:
         runner = SlurmRunner(context.runner, self.settings)
-        def wrap(job: Job) -> Job:
-            # The name SlurmRunner submits the job's launch under (from the same token).
-            return SlurmJob(job, runner, job_name_of(job.token))
 
-        jobs, pool = self.pool(devices)
-        out = Path(self.options.out).resolve()
+        def wrap(job: Job) -> Job:
+            return SlurmJob(job, runner)
+
+        pool = replace(self.pool(devices), worlds=self.worlds(cells, durations), wrap_job=wrap)
         return Scheduling(
-            context=replace(context, runner=runner), jobs=jobs, devices=pool,
-            worlds=self.worlds(cells, durations), wrap_job=wrap,
-            note=f"scheduler: slurm (each world one srun job, at most {jobs} at once; "
-                 f"--out {out} must be shared with the nodes)")
+            context=replace(context, runner=runner), pool=pool,
+            note=f"scheduler: slurm (each world one srun job, at most {pool.jobs} at once; "
+                 f"--out {context.out_root} must be shared with the nodes)")
 
     def describe(self, plans: Plans) -> str:
         return slurm_plan(plans, self.settings.max_jobs)

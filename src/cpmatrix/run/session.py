@@ -50,7 +50,7 @@ from cpmatrix.report.junit import write_run_junit
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import EXECUTORS, Executor, Job, executor_for
+from cpmatrix.run.executors import Executor, Job, plan_all
 from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
@@ -171,7 +171,7 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     report = layout.report_xml
     write_run_junit(layout,
                     {b: [ordered[k] for k in keys] for b, keys in session.by_batch.items()},
-                    {c.id: c for c in (*cells, *(c for c, _ in known.skipped))}, report,
+                    {c.id: c for c in (*cells, *(c for c, _ in known.skipped))},
                     run_id=context.run_id,
                     properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(layout.results, [r.to_dict() for r in ordered.values()])
@@ -192,12 +192,11 @@ def _plan_session(session: _Session, cells: Sequence[Cell], plan: PlanSettings,
     todo = [c for c in cells if not (c.id in known.cached and not mutants)]
     weights: dict[str, float] = {}
     run_numbers: dict[str, int] = {}
-    for executor in EXECUTORS:
-        mine = [c for c in todo if executor_for(c.kind) is executor for _ in range(plan.runs)]
-        for b in executor.plan(mine, plan, durations=session.context.durations,
-                               worlds=pool.jobs if pool.worlds is None else pool.worlds,
-                               pack=session.context.pack,
-                               mutants=mutants if executor.supports_mutants else None):
+    for executor, batches in plan_all(
+            todo, plan, durations=session.context.durations,
+            worlds=pool.jobs if pool.worlds is None else pool.worlds,
+            pack=session.context.pack, mutants=mutants):
+        for b in batches:
             weights[b.name] = b.expected_s
             entries = [Entry(cell=c, mutant=b.mutant_of(i),
                              run=next_run(run_numbers, c.id) if plan.runs > 1 else 0)

@@ -7,7 +7,7 @@ identity, the declared mutants, and the result cache's hits and store.
 
 Example::
 
-    prepared = prepare_run(options, matrix, cells, claim)
+    prepared = prepare_run(options, matrix, cells, claim, scheduler=scheduler_for(options))
     report = run_cells(prepared.cells, prepared.platforms, prepared.context, ...)
 """
 
@@ -41,7 +41,7 @@ from cpmatrix.run.portable import Anchors, project_root
 from cpmatrix.run.provenance import cell_digests, run_source, stamp
 from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
-from cpmatrix.run.schedulers import Scheduler, scheduler_for
+from cpmatrix.run.schedulers import Scheduler
 from cpmatrix.run.toolchain import probe_interpreter
 
 __all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
@@ -89,7 +89,7 @@ def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
 
 
 def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: int,
-              scheduler: Scheduler | None = None) -> PackSpec:
+              scheduler: Scheduler) -> PackSpec:
     """How the run's worlds place cells on their ranks (``--pack``, ``--world-ranks``).
 
     A cuda platform's cells stay in one world over every GPU of the host (``devices``;
@@ -101,15 +101,17 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
     >>> from cpmatrix.matrix.schema import Platform
     >>> cpu = Platform(name="cpu", backend="gloo", device="cpu")
     >>> gpu = Platform(name="cuda", backend="nccl", device="cuda")
-    >>> pack_spec(RunOptions(), [cpu, gpu], devices=8)
+    >>> from cpmatrix.run.schedulers import scheduler_for
+    >>> host = RunOptions()
+    >>> pack_spec(host, [cpu, gpu], devices=8, scheduler=scheduler_for(host))
     PackSpec(serial=False, ranks=(('cuda', 8),), whole=('cuda',), ordered=False)
-    >>> pack_spec(RunOptions(pack="serial", world_ranks=16, scheduler="slurm"), [cpu, gpu],
-    ...           devices=4)
+    >>> slurm = RunOptions(pack="serial", world_ranks=16, scheduler="slurm")
+    >>> pack_spec(slurm, [cpu, gpu], devices=4, scheduler=scheduler_for(slurm))
     PackSpec(serial=True, ranks=(('cpu', 16), ('cuda', 4)), whole=(), ordered=False)
     """
     ranks: list[tuple[str, int]] = []
     whole: list[str] = []
-    keep_whole = (scheduler or scheduler_for(options)).whole_platform
+    keep_whole = scheduler.whole_platform
     for p in platforms:
         if options.world_ranks is not None and options.world_ranks > p.max_ranks:
             raise UsageError(
@@ -157,7 +159,7 @@ def cache_root(options: RunOptions) -> Path:
 def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
                 claim: OutClaim, *, keys: ActionKeys | None = None,
                 selection: Sequence[Cell] | None = None, order: str = "",
-                scheduler: Scheduler | None = None) -> PreparedRun:
+                scheduler: Scheduler) -> PreparedRun:
     """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
 
     ``keys``: the run's source digests (made here if not given); ``selection``: the whole
@@ -171,8 +173,7 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     out = Path(options.out).resolve()
     platforms = {p.name: p for p in matrix.platforms}
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
-    (scheduler or scheduler_for(options)).check_devices(needs=needs, devices=devices,
-                                                        gpus=options.gpus)
+    scheduler.check_devices(needs=needs, devices=devices)
     runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
                                  Path(matrix.path).resolve().parent)
     probe = probe_interpreter(options.python)

@@ -26,7 +26,7 @@ from cpmatrix.report.merge import ShardManifest, selection_digest
 from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
 
-__all__ = ["Recorded", "recorded_durations", "recorded_history", "take_shard",
+__all__ = ["Recorded", "recorded_history", "take_shard",
            "write_empty_report"]
 
 
@@ -43,24 +43,22 @@ class Recorded:
         self.options = options
         self.out = out
         self._durations: dict[str, float] | None = None
+        self._history: dict[str, CellHistory] | None = None
 
     def durations(self) -> dict[str, float]:
-        """See :func:`recorded_durations`."""
+        """``--durations FILE`` if given (a missing or unreadable one is a usage error: the
+        shards would silently stop being balanced), else ``--out``'s own durations.json."""
         if self._durations is None:
-            self._durations = recorded_durations(self.options, self.out)
+            history = self.history()
+            self._durations = (durations_of(load_run_history(self.out)) if history is None
+                               else durations_of(history))
         return self._durations
 
     def history(self) -> dict[str, CellHistory] | None:
         """``--durations FILE``'s histories, None without the flag."""
-        return recorded_history(self.options) if self.options.durations else None
-
-
-def recorded_durations(options: RunOptions, out: Path) -> dict[str, float]:
-    """``--durations FILE`` if given (a missing or unreadable one is a usage error: the
-    shards would silently stop being balanced), else ``--out``'s own durations.json."""
-    if options.durations is None:
-        return durations_of(load_run_history(out))
-    return durations_of(recorded_history(options))
+        if self._history is None and self.options.durations:
+            self._history = recorded_history(self.options)
+        return self._history
 
 
 def recorded_history(options: RunOptions) -> dict[str, CellHistory]:

@@ -239,15 +239,14 @@ def parse_states(text: str) -> dict[str, JobState]:
 class SlurmJob:
     """One executor job run as a Slurm job: pending limit, Slurm's verdict, scancel.
 
-    ``slurm_name`` is the name its world is submitted under (:func:`job_name_of` its
-    token), given by the scheduler that wraps it.
+    ``slurm_name`` is the name its launch was submitted under (:func:`job_name_of` its
+    token, as :meth:`SlurmRunner.command` names it), "" until it was.
     """
 
-    def __init__(self, inner: Job, runner: SlurmRunner, slurm_name: str) -> None:
+    def __init__(self, inner: Job, runner: SlurmRunner) -> None:
         self.inner = inner
         self.runner = runner
         self.slurm_name = ""
-        self._name_given = slurm_name
         self.submitted_at = 0.0
         self.running = False
         self._pending_failed = False
@@ -305,8 +304,9 @@ class SlurmJob:
         self.inner.start()
         # Slurm knows the name once the launch was submitted under it (a job that failed
         # before srun, or one that runs here, such as a compile job, never was).
-        if self._name_given in self.runner.submitted:
-            self.slurm_name = self._name_given
+        name = job_name_of(self.inner.token)
+        if name in self.runner.submitted:
+            self.slurm_name = name
             self.runner.watching.add(self.slurm_name)
         self.submitted_at = time.monotonic()
 
