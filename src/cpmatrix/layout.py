@@ -81,6 +81,9 @@ CELLS: Final = "cells"
 OUTPUT_LOG: Final = "output.log"
 STACKS: Final = "stacks.txt"
 
+#: A cell's folder on one rank is ``rank<r>`` (:func:`rank_dir`).
+_RANK: Final = "rank"
+
 #: A previous run's job and cell folders: read as this run's progress if left behind.
 JOB_FOLDERS: Final = (WORLDS, CELLS, SPILL)
 #: What a run writes: the previous run's copies go before this run starts
@@ -93,14 +96,6 @@ class RunLayout:
     """The paths of one output folder ``root``."""
 
     root: Path
-
-    @property
-    def marker(self) -> Path:
-        return self.root / MARKER
-
-    @property
-    def lock(self) -> Path:
-        return self.root / LOCK
 
     @property
     def report_xml(self) -> Path:
@@ -132,19 +127,15 @@ class RunLayout:
 
     def world(self, name: str) -> Path:
         """The job folder of world launch ``name``."""
-        return self.root / WORLDS / name
+        return self.worlds / name
 
     def world_junit(self, batch: str) -> Path:
         """The testcases of the cells batch ``batch`` ran (all its launches)."""
-        return self.root / WORLDS / f"{batch}.junit.xml"
+        return self.worlds / f"{batch}.junit.xml"
 
     def compile_job(self, name: str) -> Path:
         """The folder of compile job ``name``."""
         return self.root / SPILL / name
-
-    def cell(self, out_dir: str) -> Path:
-        """A cell's folder from its ``out_dir`` (relative to the root, :func:`cell_dir`)."""
-        return self.root / out_dir
 
     def job_folders(self) -> tuple[Path, ...]:
         return tuple(self.root / name for name in JOB_FOLDERS)
@@ -166,7 +157,7 @@ def rank_dir(out_dir: str | os.PathLike[str], rank: int) -> Path:
     >>> rank_dir("cells/t", 2)
     PosixPath('cells/t/rank2')
     """
-    return Path(out_dir, f"rank{rank}")
+    return Path(out_dir, f"{_RANK}{rank}")
 
 
 def work_folder(out_dir: str, world: str) -> str:
@@ -191,7 +182,7 @@ def cell_output_log(out_dir: str, rank: int) -> str:
     >>> cell_output_log("cells/t[unit]@cpu", 1)
     'cells/t[unit]@cpu/rank1/output.log'
     """
-    return f"{out_dir}/rank{rank}/{OUTPUT_LOG}"
+    return str(rank_dir(out_dir, rank) / OUTPUT_LOG)
 
 
 def cell_stacks(out_dir: str, rank: int) -> str:
@@ -201,14 +192,14 @@ def cell_stacks(out_dir: str, rank: int) -> str:
     >>> cell_stacks("cells/t[unit]@cpu", 0)
     'cells/t[unit]@cpu/rank0/stacks.txt'
     """
-    return f"{out_dir}/rank{rank}/{STACKS}"
+    return str(rank_dir(out_dir, rank) / STACKS)
 
 
 def cell_output_logs(cell_folder: str | os.PathLike[str]) -> dict[int, Path]:
     """Every rank's :func:`cell_output_log` found in a cell's folder, by rank."""
     found = {}
-    for log in Path(cell_folder).glob(f"rank*/{OUTPUT_LOG}"):
-        rank = log.parent.name.removeprefix("rank")
+    for log in Path(cell_folder).glob(f"{_RANK}*/{OUTPUT_LOG}"):
+        rank = log.parent.name.removeprefix(_RANK)
         if rank.isdigit():
             found[int(rank)] = log
     return dict(sorted(found.items()))

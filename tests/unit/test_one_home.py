@@ -89,7 +89,7 @@ def test_parity_check_names_are_check_members() -> None:
     names = frozenset(CHECKS)
     found = [f for f in _found(names, "parity/errors.py")
              if f.startswith(("parity/", "suite/"))]
-    assert not found, "name these checks as cpmatrix.parity.errors.Check members:\n" + \
+    assert not found, "name these checks as cpmatrix.parity.Check members:\n" + \
         "\n".join(found)
 
 

@@ -77,7 +77,7 @@ class LogStreamer(threading.Thread):
                 continue
             print(f"$ {shlex.join(argv)}", file=self.stream, flush=True)
         # Every world's rank logs, then the launchers' (the order a pump has printed in).
-        for log in ([log for w in worlds for log in w.logs()[:-1]]
+        for log in ([log for w in worlds for log in w.rank_logs()]
                     + [w.launcher_log for w in worlds]):
             start = self.offsets.get(log, 0)
             try:

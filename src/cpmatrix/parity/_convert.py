@@ -150,6 +150,7 @@ def warning_outcome(sink: list[str]) -> CheckOutcome:
 def record_warnings(verdicts: Verdicts, sink: list[str]) -> None:
     """Record the warnings either side raised: ``setup``'s verdict on them and, when there
     were any, their summary as the ``warnings`` evidence."""
-    verdicts.add(Check.SETUP, warning_outcome(sink))
+    outcome = warning_outcome(sink)
+    verdicts.add(Check.SETUP, outcome)
     if sink:
-        verdicts.evidence["warnings"] = warning_outcome(sink).summary
+        verdicts.evidence["warnings"] = outcome.summary

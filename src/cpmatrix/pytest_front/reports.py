@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.layout import cell_stacks
 from cpmatrix.matrix.pytest_verdict import PhaseVerdict, Verdict
-from cpmatrix.remote.protocol import cell_stacks
 from cpmatrix.result import FailureKind, Result
 
 __all__ = ["replay_warnings", "reports_for", "subreports_for"]

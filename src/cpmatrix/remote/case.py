@@ -83,8 +83,8 @@ def run_cell(
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    # Made by the world's rank before the cell (its stack dumps land there too).
     out_dir = Path(world.out_root) / rank_dir(spec.out_dir, rank)
-    out_dir.mkdir(parents=True, exist_ok=True)
     seed = seed_for(spec.id, spec.run_number)
     started = time.time()
     failure: dict[str, str] = {}

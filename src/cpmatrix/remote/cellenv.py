@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cpmatrix.remote.protocol import work_folder
+from cpmatrix.layout import work_folder
 
 __all__ = ["RANK_VARIABLES", "CellEnvironment", "c_environ", "cell_env"]
 

@@ -23,10 +23,10 @@ from cpmatrix.remote.protocol import (
     ERROR,
     OK,
     START,
+    CompileFolder,
     CompileJob,
     Outcome,
     StartMarker,
-    marker_name,
     read_typed,
     write_typed,
 )
@@ -42,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     set_parent_death_signal()
     progress = Path(job.progress)
+    folder = CompileFolder(progress.parent)  # the job's folder: progress/ is its markers
     cache_dir = Path(job.cache_dir) if job.cache_dir else None
     # What each cell reads completes the cache key. Not: the run's own folder (the cells'),
     # and the compile cache, whose entries are the cells' own results, keyed by what made
     # them (the kernel source, its spec, the toolchain: all in the pre-key).
     observer = ReadObserver(skip=(job.out_root, str(progress.parent), job.cache_dir or ""))
     for i, cell in enumerate(job.cells):
-        write_typed(progress / marker_name(i, 0, START),
+        write_typed(folder.marker(i, 0, START),
                     StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))
         t0 = time.monotonic()
         observer.start()
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                       "traceback": traceback.format_exc(), "check": "spill"}
         reads = observer.stop()
         duration = time.monotonic() - t0
-        write_typed(progress / marker_name(i, 0, DONE), Outcome(
+        write_typed(folder.marker(i, 0, DONE), Outcome(
             index=i, rank=0, id=cell.id, run=job.run_id, duration_s=duration,
             case_s=duration, end_time=time.time(), reads=reads, **fields))
     return 0

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from cpmatrix.layout import cell_stacks
 from cpmatrix.remote.case import run_cell
 from cpmatrix.remote.cellenv import CellEnvironment
 from cpmatrix.remote.exchange import blame_state, exchange
@@ -77,7 +78,6 @@ from cpmatrix.remote.protocol import (
     StartMarker,
     WorldFolder,
     WorldSpec,
-    cell_stacks,
     read_typed,
     write_typed,
 )
@@ -262,6 +262,7 @@ class _Rank:
             return
         if decision == "new":
             self.group.switch(index, ranks, self.forget_meshes)
+        # The cell's folder on this rank: the case's ctx.out_dir, its stack dumps.
         stacks = Path(self.world.out_root, cell_stacks(spec.out_dir, local))
         stacks.parent.mkdir(parents=True, exist_ok=True)
         # On timeout the supervisor asks for stacks: they land in the cell's folder.

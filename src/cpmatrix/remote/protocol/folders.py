@@ -40,33 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-# A cell's files live in the run's output folder, whose names are spelled in one place;
-# the protocol re-exports them for both sides.
-from cpmatrix.layout import (
-    OUTPUT_LOG,
-    STACKS,
-    cell_output_log,
-    cell_output_logs,
-    cell_stacks,
-    rank_dir,
-    work_folder,
-)
-
 __all__ = [
     "DONE",
-    "OUTPUT_LOG",
-    "STACKS",
     "START",
     "CompileFolder",
     "MarkerKind",
     "WorldFolder",
-    "cell_output_log",
-    "cell_output_logs",
-    "cell_stacks",
     "marker_name",
     "parse_marker_name",
-    "rank_dir",
-    "work_folder",
 ]
 
 MarkerKind = Literal["start", "done"]
@@ -91,14 +72,28 @@ def parse_marker_name(name: str) -> tuple[int, int, MarkerKind] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class WorldFolder:
+class _JobFolder:
+    """A job's folder and the markers its cells leave in ``progress/``."""
+
+    path: Path
+
+    @property
+    def progress(self) -> Path:
+        """The folder of the cells' markers (:func:`marker_name`)."""
+        return self.path / _PROGRESS
+
+    def marker(self, index: int, rank: int, kind: MarkerKind) -> Path:
+        """Cell ``index``'s ``kind`` marker on ``rank`` (its rank in the cell)."""
+        return self.progress / marker_name(index, rank, kind)
+
+
+@dataclass(frozen=True, slots=True)
+class WorldFolder(_JobFolder):
     """A world launch's folder: every file the supervisor and the ranks exchange.
 
     Made afresh (emptied) by the supervisor for every launch, so no file of an
     earlier launch is ever read as this one's.
     """
-
-    path: Path
 
     @property
     def world_file(self) -> Path:
@@ -121,15 +116,6 @@ class WorldFolder:
         return self.path / "root_cause.json"
 
     @property
-    def progress(self) -> Path:
-        """The folder of the cells' markers (:func:`marker_name`)."""
-        return self.path / _PROGRESS
-
-    def marker(self, index: int, rank: int, kind: MarkerKind) -> Path:
-        """Cell ``index``'s ``kind`` marker on ``rank`` (its rank in the cell)."""
-        return self.progress / marker_name(index, rank, kind)
-
-    @property
     def dump_request(self) -> Path:
         """Its modification time changing asks every rank for its stacks (a rank in its
         own pid namespace cannot be signalled)."""
@@ -147,10 +133,10 @@ class WorldFolder:
         """World rank ``rank``'s stdout and stderr (its cells' markers hold offsets)."""
         return self.path / f"rank{rank}.log"
 
-    def logs(self) -> list[Path]:
-        """The ranks' logs there now, by name, then the launcher's (what ``repro`` follows)."""
-        ranks = sorted(p for p in self.path.glob("rank*.log") if p.stem[4:].isdigit())
-        return [*ranks, self.launcher_log]
+    def rank_logs(self) -> list[Path]:
+        """The ranks' logs there now, by name (what ``repro`` follows, with the
+        launcher's)."""
+        return sorted(p for p in self.path.glob("rank*.log") if p.stem[4:].isdigit())
 
     def idle_stacks(self, rank: int) -> Path:
         """Where world rank ``rank`` dumps its stacks while it waits between cells."""
@@ -190,10 +176,9 @@ class WorldFolder:
 
 
 @dataclass(frozen=True, slots=True)
-class CompileFolder:
-    """A compile job's folder: its job file, its log and its markers (rank 0 only)."""
-
-    path: Path
+class CompileFolder(_JobFolder):
+    """A compile job's folder: its job file, its log and its markers (rank 0 only: a
+    compile runs no world)."""
 
     @property
     def job_file(self) -> Path:
@@ -204,8 +189,3 @@ class CompileFolder:
     def log(self) -> Path:
         """The compile subprocess's stdout and stderr."""
         return self.path / "spill.log"
-
-    @property
-    def progress(self) -> Path:
-        """The folder of the cells' markers (rank 0 only: a compile runs no world)."""
-        return self.path / _PROGRESS

@@ -29,7 +29,7 @@ from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.cache import merge_reads
 from cpmatrix.run.entry import Entry
 
-__all__ = ["COLLATERAL", "describe_status", "exit_words", "launcher_root_cause",
+__all__ = ["COLLATERAL", "WHOLE", "describe_status", "exit_words", "launcher_root_cause",
            "merge_evidence", "result_from_outcomes", "split_errors", "torchrun_root_cause"]
 
 #: Messages of a rank whose peer went away: a consequence, not the cause.
@@ -38,7 +38,8 @@ COLLATERAL: Final = re.compile(
     r"communicator was aborted|Timed out waiting|ProcessGroupGloo.*closed",
     re.IGNORECASE,
 )
-_WHOLE: Final = 1 << 24  # the launcher's log is read whole (up to its last 16 MiB)
+#: A launcher's log or a stack dump is read whole (up to its last 16 MiB).
+WHOLE: Final = 1 << 24
 _ROOT_CAUSE: Final = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
@@ -88,7 +89,7 @@ def launcher_root_cause(launcher: str, folder: WorldFolder, run: str,
     names it; None when it named none, or the record is another run's (then the
     supervisor goes by the rank pids it watched)."""
     if launcher == "torchrun":
-        return torchrun_root_cause(read_segment(folder.launcher_log, cap=_WHOLE))
+        return torchrun_root_cause(read_segment(folder.launcher_log, cap=WHOLE))
     record = read_typed(folder.root_cause, RootCause, run=run)
     return None if record is None else (record.rank, exit_words(record.exitcode))
 

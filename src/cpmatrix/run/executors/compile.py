@@ -90,7 +90,6 @@ class CompileRun:
         self.devices: tuple[int, ...] = ()
         #: Its job file, log and markers (:mod:`cpmatrix.remote.protocol`).
         self.folder = CompileFolder(RunLayout(context.out_root).compile_job(name))
-        self.dir = self.folder.path
         self.progress = Progress(self.folder.progress, context.run_id)
         # Compiles need no isolation beyond the hermetic environment: always local.
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", LocalRunner())
@@ -105,8 +104,8 @@ class CompileRun:
     def start(self) -> None:
         ctx = self.context
         try:
-            if self.dir.exists():
-                shutil.rmtree(self.dir)
+            if self.folder.path.exists():
+                shutil.rmtree(self.folder.path)
             self.progress.folder.mkdir(parents=True)
             job = CompileJob(
                 run_id=ctx.run_id, progress=str(self.progress.folder),
@@ -114,14 +113,15 @@ class CompileRun:
                 search_path=list(ctx.pythonpath), out_root=str(ctx.out_root),
                 cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
             write_typed(self.folder.job_file, job)
-            env = hermetic_env(ctx.source_env, home=str(self.dir), tmp=str(self.dir),
+            home = str(self.folder.path)
+            env = hermetic_env(ctx.source_env, home=home, tmp=home,
                                extra={"PYTHONPATH": os.pathsep.join(ctx.pythonpath),
                                       WORLD_TOKEN: self.child.token})
             env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
             self.child.start(Launch(
                 argv=(ctx.python, "-m", "cpmatrix.remote.compile_main",
                       str(self.folder.job_file)),
-                env=env, cwd=str(self.dir), name=self.name), self.folder.log)
+                env=env, cwd=str(self.folder.path), name=self.name), self.folder.log)
         except OSError as exc:
             self.start_failed = True
             self.start_error = f"could not start the spill compiler: {exc}"

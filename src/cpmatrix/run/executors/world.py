@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
-from cpmatrix.layout import RunLayout
+from cpmatrix.layout import RunLayout, cell_output_log, cell_stacks, work_folder
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.remote.protocol import (
     CellSpec,
@@ -43,10 +43,7 @@ from cpmatrix.remote.protocol import (
     RankLeft,
     WorldFolder,
     WorldSpec,
-    cell_output_log,
-    cell_stacks,
     read_typed,
-    work_folder,
     write_typed,
 )
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
@@ -54,6 +51,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.attribution import (
     COLLATERAL,
+    WHOLE,
     describe_status,
     launcher_root_cause,
     result_from_outcomes,
@@ -77,9 +75,6 @@ def cell_spec(entry: Entry) -> CellSpec:
     """The typed cell a rank runs: the axes parsed once, here."""
     return CellSpec.from_cell(entry.cell, out_dir=entry.out_dir, mutant=entry.mutant,
                               run_number=max(entry.run, 1))
-
-
-_WHOLE = 1 << 24  # a stack dump is read whole (up to its last 16 MiB)
 
 
 class WorldRun:
@@ -393,7 +388,7 @@ class WorldRun:
                 RankFailure(rank=r, message=f"rank {r} still in the cell after "
                             f"{entry.cell.timeout_s} s",
                             traceback=read_segment(root / cell_stacks(entry.out_dir, r),
-                                                   cap=_WHOLE))
+                                                   cap=WHOLE))
                 for r in missing)
             result = Result(
                 cell_id=entry.cell.id, status=Status.TIMEOUT, kind=FailureKind.TIMEOUT,

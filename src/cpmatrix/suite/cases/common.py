@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from cpmatrix.parity import (
     FEATURES,
+    Check,
     FeatureBatch,
     Layout,
     SyntheticDataModule,
@@ -49,7 +50,6 @@ from cpmatrix.parity import (
     compute_layout,
     mutants,
 )
-from cpmatrix.parity.errors import Check
 from cpmatrix.suite import (
     MUTANTS,
     pad_and_shard,

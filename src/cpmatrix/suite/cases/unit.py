@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from cpmatrix.parity import TensorSpec, VacuousError, check_parity
-from cpmatrix.parity.errors import Check
+from cpmatrix.parity import Check, TensorSpec, VacuousError, check_parity
 from cpmatrix.suite import from_local, pair_placements, seq_placements
 from cpmatrix.suite.cases.common import (
     data_module,
