@@ -82,6 +82,9 @@ def main() -> int:
         print(f"| {pack} | {statistics.median(walls[pack]):.1f} s | "
               f"{statistics.median(own[pack]):.1f} s |")
     print(f"serial / slots = {serial / slots:.2f}x")
+    if not all(t > 0 for times in own.values() for t in times):
+        print("a run's report holds no cpu cell's time: nothing was measured")
+        return 1
 
     print("\ncuda platform, the plan --dry-run makes (expected durations):")
     print("| GPUs | expected makespan | one cell at a time | most cells at once | busy |")
@@ -90,6 +93,9 @@ def main() -> int:
         plan = gpu_plan(args.matrix, gpus)
         if plan is None:
             print(f"| {gpus} | (no cuda world) | | | |")
+            if args.smoke:  # the smoke plans a selection that has one
+                print("the dry run printed no cuda world for the smoke selection")
+                return 1
             continue
         makespan, serial_s, most, busy = plan
         print(f"| {gpus} | {makespan} s | {serial_s} s ({float(serial_s) / float(makespan):.2f}x)"

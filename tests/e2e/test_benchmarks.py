@@ -37,16 +37,20 @@ def test_there_are_benchmarks() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_benchmark_has_a_smoke_size(script: Path) -> None:
-    calls = {node.func.id for node in ast.walk(_source(script))
+    tree = _source(script)
+    calls = {node.func.id for node in ast.walk(tree)
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert "add_smoke" in calls, f"{script.name}: give it --smoke (_bench.add_smoke)"
+    read = any(isinstance(node, ast.Attribute) and node.attr == "smoke" for node in ast.walk(tree))
+    assert read, f"{script.name}: --smoke is parsed but never read (args.smoke)"
 
 
 @pytest.mark.parametrize("script", sorted(BENCHMARKS.glob("*.py")), ids=lambda p: p.name)
 def test_benchmarks_use_the_cli_and_public_readers(script: Path) -> None:
     for node in ast.walk(_source(script)):
         if isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
+            # ``from cpmatrix import run`` names cpmatrix.run as well.
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:

@@ -39,15 +39,20 @@ def _code_strings(path: Path) -> list[tuple[int, str]]:
             and id(node) not in bare]
 
 
-def _sources(*skip: str) -> list[tuple[str, Path]]:
-    return [(rel, p) for p in sorted(PACKAGE.rglob("*.py"))
-            if (rel := p.relative_to(PACKAGE).as_posix()) not in {*skip, *FROZEN}]
+def _sources(*skip: str, root: Path = PACKAGE) -> list[tuple[str, Path]]:
+    return [(rel, p) for p in sorted(root.rglob("*.py"))
+            if (rel := p.relative_to(root).as_posix()) not in {*skip, *FROZEN}]
 
 
-def _found(names: frozenset[str], *skip: str, pieces: tuple[str, ...] = ()) -> list[str]:
-    return [f"{rel}:{line}: {text!r}" for rel, p in _sources(*skip)
+def _found(names: frozenset[str], *skip: str, pieces: tuple[str, ...] = (),
+           root: Path = PACKAGE) -> list[str]:
+    return [f"{rel}:{line}: {text!r}" for rel, p in _sources(*skip, root=root)
             for line, text in _code_strings(p)
             if text in names or any(piece in text for piece in pieces)]
+
+
+def test_the_scans_read_the_package() -> None:
+    assert len(_sources()) > 100  # a wrong PACKAGE would scan nothing and pass
 
 
 def test_the_output_folder_is_spelled_in_layout_only() -> None:
@@ -65,9 +70,13 @@ def test_a_folder_history_is_read_and_written_by_history_only() -> None:
 
 @pytest.mark.parametrize("text", sorted(LAYOUT_NAMES))
 def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
-    planted = tmp_path / "m.py"
-    planted.write_text(f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\n')
-    assert [s for _, s in _code_strings(planted)] == ["out", text]
+    """Through the scan the test above runs: a spelling in code is found, the same name
+    in a docstring is not, and the home itself is skipped."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "m.py").write_text(
+        f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\n')
+    (tmp_path / "layout.py").write_text(f'NAME = "{text}"\n')
+    assert _found(LAYOUT_NAMES, "layout.py", root=tmp_path) == [f"run/m.py:2: {text!r}"]
 
 
 def test_every_kind_is_run_by_exactly_one_executor() -> None:
@@ -87,6 +96,9 @@ def test_parity_check_names_are_check_members() -> None:
     from cpmatrix.parity.errors import CHECKS
 
     names = frozenset(CHECKS)
+    # Where parity checks are named: the toolkit and the suite that uses it. Elsewhere
+    # these are common words of other things ("setup" is also pytest's phase, "output"
+    # a model's head).
     found = [f for f in _found(names, "parity/errors.py")
              if f.startswith(("parity/", "suite/"))]
     assert not found, "name these checks as cpmatrix.parity.Check members:\n" + \

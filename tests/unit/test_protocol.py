@@ -93,14 +93,18 @@ def test_no_side_spells_the_protocol_by_hand() -> None:
 
 
 def test_the_scan_is_not_vacuous(tmp_path: Path) -> None:
-    """Each kind of spelling the scan knows is found in a hand-written source."""
+    """Each kind of spelling the scan knows is found in a hand-written source, and prose
+    (a docstring) and ``__all__`` are not read as spellings."""
     source = tmp_path / "side.py"
-    source.write_text('"""Docstrings may name rank0.pid and dump.request."""\n'
+    source.write_text('"""Docstrings may name dump.request and root_cause.json."""\n'
+                      '__all__ = ["done"]\n'
                       'a = f"rank{r}.pid"\nb = "progress"\nc = f"cpmatrix/{i}/r{r}"\n'
-                      'd = "recycle"\ne = "go"\n')
+                      'd = "recycle"\ne = "go"\nf = "done"\ng = "CPMATRIX_PROFILE"\n')
     texts = [t for _, t in _literals(source)]
     hits = {what for t in texts for what, p in SPELLINGS.items() if p.search(t)}
-    assert hits == {"file names", "folders", "store keys and words", "statuses"}, texts
+    assert hits == set(SPELLINGS), texts
+    assert not any("dump.request" in t or "root_cause" in t for t in texts), texts
+    assert texts.count("done") == 1, texts  # f's, not __all__'s
     assert len(_sources()) > 10  # both sides were read
 
 

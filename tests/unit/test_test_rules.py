@@ -54,6 +54,27 @@ def _dotted(node: ast.expr) -> str:
     return ".".join([node.id, *reversed(parts)])
 
 
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """The full dotted name each imported name stands for (``import a.b as c``: c -> a.b;
+    ``from os import fork``: fork -> os.fork)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    names[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _resolved(node: ast.expr, aliases: dict[str, str]) -> str:
+    """:func:`_dotted`, its first name replaced by what it was imported as."""
+    head, dot, rest = _dotted(node).partition(".")
+    return aliases.get(head, head) + dot + rest
+
+
 def violations(source: str) -> set[str]:
     """What in a unit test module's ``source`` breaks the rule, one phrase per kind.
 
@@ -63,7 +84,10 @@ def violations(source: str) -> set[str]:
     set()
     """
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    markers = {f"pytest.mark.{m}" for m in OUT_OF_PROCESS_MARKERS}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -74,10 +98,10 @@ def violations(source: str) -> set[str]:
             for module in PROCESS_MODULES:
                 if name == module or name.startswith(module + "."):
                     found.add(f"imports {module}")
-        if isinstance(node, ast.Call) and _dotted(node.func) in PROCESS_CALLS:
-            found.add(f"calls {_dotted(node.func)}")
-        if isinstance(node, ast.Attribute) and _dotted(node) in {
-                f"pytest.mark.{m}" for m in OUT_OF_PROCESS_MARKERS}:
+        if isinstance(node, ast.Call):
+            called = {_dotted(node.func), _resolved(node.func, aliases)} & PROCESS_CALLS
+            found.update(f"calls {c}" for c in sorted(called)[:1])
+        if isinstance(node, ast.Attribute) and _resolved(node, aliases) in markers:
             found.add(f"marker {node.attr}")
     return found
 
@@ -113,6 +137,14 @@ def test_the_frozen_exceptions_still_break_the_rule() -> None:
      "calls dist.init_process_group"),
     ("import pytest\n@pytest.mark.slow\ndef test_x(): pass\n", "marker slow"),
     ("import pytest\npytestmark = pytest.mark.docker\n", "marker docker"),
+    # Spelled through an import alias or a from-import.
+    ("from os import fork\nfork()\n", "calls os.fork"),
+    ("import os as o\no.fork()\n", "calls os.fork"),
+    ("import torch.distributed as td\ntd.init_process_group('gloo')\n",
+     "calls torch.distributed.init_process_group"),
+    ("from torch.distributed import init_process_group\ninit_process_group('gloo')\n",
+     "calls torch.distributed.init_process_group"),
+    ("from pytest import mark\n@mark.slow\ndef test_x(): pass\n", "marker slow"),
 ])
 def test_the_check_sees_a_planted_violation(planted: str, phrase: str) -> None:
     assert phrase in violations(planted)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from junitparser import JUnitXml
@@ -196,19 +197,25 @@ def test_a_report_with_control_characters_everywhere_is_written_and_read(
 # ------------------------------------------------------------------- run identity
 
 
+def _two_rank_cell() -> tuple[Any, Any]:
+    """A 1x2 parity cell on the cpu platform (for the world supervisor's tests)."""
+    from cpmatrix.matrix.schema import Cell, Mesh, Platform
+
+    cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
+                kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,
+                path="reference", params=(), platform="cpu", timeout_s=60, tags=())
+    return cell, Platform(name="cpu", backend="gloo", device="cpu")
+
+
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
-    from cpmatrix.matrix.schema import Cell, Mesh, Platform
     from cpmatrix.remote.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
     from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners import get_runner
 
-    cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
-                kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,
-                path="reference", params=(), platform="cpu", timeout_s=60, tags=())
-    platform = Platform(name="cpu", backend="gloo", device="cpu")
+    cell, platform = _two_rank_cell()
 
     def world_with_files(run: str) -> WorldRun:
         world = WorldRun("000-w", [Entry(cell=cell)], platform,
@@ -238,7 +245,6 @@ def test_a_world_that_cannot_be_launched_hands_its_cells_back_as_a_failed_start(
     """An OS error launching the world (disk full, no interpreter) is a failed start: the
     session retries it, then fails the cells naming the error. (It used to report the
     cells itself after marking the job finished, and a finished job is never polled.)"""
-    from cpmatrix.matrix.schema import Cell, Mesh, Platform
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
     from cpmatrix.run.executors.world import WorldRun
@@ -249,11 +255,9 @@ def test_a_world_that_cannot_be_launched_hands_its_cells_back_as_a_failed_start(
         def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:
             raise OSError(28, "No space left on device")
 
-    cell = Cell(id="t[unit,1x2,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
-                kind="parity", level="unit", mesh=Mesh(1, 2), dtype="fp64", autocast=False,
-                path="reference", params=(), platform="cpu", timeout_s=60, tags=())
+    cell, platform = _two_rank_cell()
     entries = [Entry(cell=cell)]
-    world = WorldRun("000-w", entries, Platform(name="cpu", backend="gloo", device="cpu"),
+    world = WorldRun("000-w", entries, platform,
                      RunContext(out_root=tmp_path, runner=DiskFull(), run_id="mine"))
     world.start()
     assert world.finished and world.start_failed
