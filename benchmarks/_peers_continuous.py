@@ -6,6 +6,8 @@ same checks as ``benchmarks/batching.yaml`` (bench_cases.matmul_layernorm, fp64,
     CPMATRIX_PEER_REPS=15 python benchmarks/_peers_continuous.py
 
 Needs expecttest (torch.testing._internal imports it; in the ``dev`` and ``bench`` extras).
+With ``CI`` set, torch's ``run_tests`` writes XML through xmlrunner, which is not
+installed here: ``peers.py`` runs this script without ``CI``.
 """
 
 from __future__ import annotations
