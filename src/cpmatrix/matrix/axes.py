@@ -1,4 +1,5 @@
-"""The standard axes' values (level, mesh, dtype, autocast, path): read and checked once.
+"""The standard axes' values (level, mesh, dtype, autocast, path) and an extra axis's
+value's text: read and checked once.
 
 Example::
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import yaml
 
-from cpmatrix.matrix.schema import AUTOCAST, DTYPES, LEVELS, PATHS, Mesh, Scalar
-from cpmatrix.matrix.yamlreader import SpecReader
+from cpmatrix.matrix.schema import AUTOCAST, DTYPES, LEVELS, PATHS, VALUE_RE, Mesh, Scalar
+from cpmatrix.matrix.yamlreader import SpecReader, render
 
 __all__ = ["axis_list", "axis_value", "where_of"]
 
@@ -46,6 +47,17 @@ def axis_value(ctx: SpecReader, axis: str, value: Scalar, node: yaml.Node, path:
     if value not in vocab:
         raise ctx.error(node, path, f"unknown {axis} {value!r}", ", ".join(vocab))
     return value
+
+
+def extra_value_text(ctx: SpecReader, value: Scalar, node: yaml.Node, path: str) -> str:
+    """An extra axis's value as it appears in a cell id, refused if it cannot."""
+    text = render(value)
+    if not VALUE_RE.match(text):
+        raise ctx.error(
+            node, path, f"value {value!r} cannot appear in a cell id",
+            "letters, digits, '_', '.', '+' and '-'",
+        )
+    return text
 
 
 def axis_list(ctx: SpecReader, axis: str, node: yaml.Node, path: str) -> tuple[str, ...]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import yaml
 
-from cpmatrix.matrix.axes import axis_value, where_of
-from cpmatrix.matrix.schema import ALLOWED_KEYS, AXES, VALUE_RE, Clause, Scalar, Target
+from cpmatrix.matrix.axes import axis_value, extra_value_text, where_of
+from cpmatrix.matrix.schema import ALLOWED_KEYS, AXES, Clause, Scalar, Target
 from cpmatrix.matrix.yamlreader import SpecReader, render
 
 __all__ = ["clause"]
@@ -108,11 +108,7 @@ def _check_extra_value(
             item, ipath, f"unknown value {value!r} for extra axis {key!r}",
             ", ".join(known),
         )
-    if not VALUE_RE.match(text):
-        raise ctx.error(
-            item, ipath, f"value {value!r} cannot appear in a cell id",
-            "letters, digits, '_', '.', '+' and '-'",
-        )
+    extra_value_text(ctx, value, item, ipath)
     # Excludes compare rendered text, so only an include can make a twin.
     clash = next(
         (v for v in declared if render(v) == text and not _same_scalar(v, value)),

@@ -21,7 +21,7 @@ from typing import Final
 
 import yaml
 
-from cpmatrix.matrix.axes import axis_list, axis_value, where_of
+from cpmatrix.matrix.axes import axis_list, axis_value, extra_value_text, where_of
 from cpmatrix.matrix.clauses import clause
 from cpmatrix.matrix.limits import check_ranks, check_size
 from cpmatrix.matrix.pytest_paths import pytest_paths
@@ -37,7 +37,6 @@ from cpmatrix.matrix.schema import (
     PYTEST_CASE,
     TARGET_AXES,
     TIMEOUT_CLASSES,
-    VALUE_RE,
     Clause,
     Matrix,
     Platform,
@@ -293,12 +292,7 @@ def _extra_axes(ctx: SpecReader, node: yaml.Node,
         values: list[Scalar] = []
         rendered: list[str] = []
         for value, item, ipath in ctx.scalar_list(value_node, kpath):
-            text = render(value)
-            if not VALUE_RE.match(text):
-                raise ctx.error(
-                    item, ipath, f"value {value!r} cannot appear in a cell id",
-                    "letters, digits, '_', '.', '+' and '-'",
-                )
+            text = extra_value_text(ctx, value, item, ipath)
             if text in rendered:
                 raise ctx.error(item, ipath, f"duplicate value {value!r} (as {text!r})")
             values.append(value)

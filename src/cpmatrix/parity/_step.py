@@ -9,6 +9,8 @@
   may not expect (integer token ids for a TP plan that distributes them itself).
 - :func:`check_sharding_active` - the CP step's inputs, outputs, sharded parameters and
   buffers, and the activations the case declares: at least one must be sharded.
+- :func:`compare_outputs` - every CP output, laid out as the serial one, against the
+  serial one and the twin's.
 - :func:`shape_mismatches` - a CP output of the wrong shape fails ``output`` in one line,
   and no grad_output fits it: the grad checks are skipped with that reason instead of
   listing every parameter grad as missing.
@@ -25,17 +27,25 @@ from typing import Any
 
 import torch
 
-from cpmatrix.parity._inputs import Axes, Inputs, default_placement_note, tensors_of
+from cpmatrix.parity._inputs import (
+    Axes,
+    Inputs,
+    default_placement_note,
+    serial_layout,
+    tensors_of,
+)
 from cpmatrix.parity._twin import Twin
 from cpmatrix.parity._verdicts import Verdicts
 from cpmatrix.parity._weights import sharded_state
-from cpmatrix.parity.errors import Check, ParityError
+from cpmatrix.parity.compare import compare_named
+from cpmatrix.parity.errors import Check, ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = [
     "ContextFactory",
     "EnterStep",
     "check_sharding_active",
+    "compare_outputs",
     "cp_context",
     "run_cp",
     "shape_mismatches",
@@ -120,6 +130,18 @@ def check_sharding_active(
         },
         cell.mesh,
     )
+
+
+def compare_outputs(
+    verdicts: Verdicts, ins: Inputs, s_leaves: Mapping[str, Any], c_leaves: Mapping[str, Any],
+    axes_of: Mapping[str, Axes], twin_outputs: Mapping[str, Any], tol: Tolerance,
+) -> None:
+    """Every CP output (``full_tensor()``, laid out as the serial one) against the serial
+    one and the twin's (``twin_outputs``: empty when there is no usable twin)."""
+    with odd_input_fails(Check.OUTPUT):  # a CP output that does not fit its axes fails here
+        outputs = {n: (serial_layout(ins, c_leaves[n], axes_of.get(n)), s, twin_outputs.get(n))
+                   for n, s in s_leaves.items()}
+    verdicts.add_diffs(Check.OUTPUT, compare_named(outputs, tol), tol)
 
 
 def shape_mismatches(

@@ -51,8 +51,6 @@ class Twin:
     input_grads: dict[str, Any] = dataclasses.field(default_factory=dict)
     param_grads: dict[str, Any] = dataclasses.field(default_factory=dict)
     buffers: dict[str, Any] = dataclasses.field(default_factory=dict)
-    losses: dict[str, Any] = dataclasses.field(default_factory=dict)
-    deltas: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -66,8 +64,6 @@ class Twin:
         self.input_grads.clear()
         self.param_grads.clear()
         self.buffers.clear()
-        self.losses.clear()
-        self.deltas.clear()
 
     @contextmanager
     def running(self) -> Iterator[None]:
