@@ -36,7 +36,7 @@ from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.pytest_records import REPORTS_FILE
 from cpmatrix.matrix.pytest_spec import KIND, PytestSession
-from cpmatrix.remote.protocol import WorldSpec
+from cpmatrix.remote.protocol import WorldFolder, WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "case", "current_cell", "prepare"]
 
@@ -188,8 +188,7 @@ class _RankSession:
         for name, value in _RESET.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)
-        # Each rank its own tmp_path root: ranks never clean up each other's folders.
-        config.option.basetemp = str(Path(self.world.dir, "pytest-tmp", f"rank{self.rank}"))
+        config.option.basetemp = str(WorldFolder(Path(self.world.dir)).pytest_tmp(self.rank))
         config._do_configure()
         self.config = config
         session = pytest.Session.from_config(config)

@@ -6,7 +6,7 @@ cell, in the cell's environment and isolation). Imports only the standard librar
 
 Example (inside the worker)::
 
-    outcome, mesh = run_cell(world, index, spec, rank, meshes, ledger)
+    outcome, mesh = run_cell(world, index, spec, rank, out_dir, meshes, ledger)
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
-from cpmatrix.layout import rank_dir
 from cpmatrix.remote.forks import leave_if_child
 from cpmatrix.remote.hygiene import GroupLedger
 from cpmatrix.remote.protocol import ERROR, OK, CellSpec, Outcome, WorldSpec
@@ -65,11 +64,14 @@ def _import_case(ref: str, expected_file: str) -> tuple[Any, str]:
 
 
 def run_cell(
-    world: WorldSpec, index: int, spec: CellSpec, rank: int,
+    world: WorldSpec, index: int, spec: CellSpec, rank: int, out_dir: Path,
     meshes: dict[tuple[int, int], Any] | None = None,
     ledger: GroupLedger | None = None,
 ) -> tuple[Outcome, Any]:
     """Run one cell on this rank; return its outcome and its mesh (never raises).
+
+    ``out_dir`` is the cell's folder on this rank (the case's ``ctx.out_dir``), made by
+    the caller, which points its stack dumps there.
 
     The mesh's groups are NOT destroyed here: a rank that is done must not tear down
     a group a peer is still waiting in (that would turn a peer's hang into a
@@ -83,8 +85,6 @@ def run_cell(
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    # Made by the world's rank before the cell (its stack dumps land there too).
-    out_dir = Path(world.out_root) / rank_dir(spec.out_dir, rank)
     seed = seed_for(spec.id, spec.run_number)
     started = time.time()
     failure: dict[str, str] = {}

@@ -15,7 +15,7 @@ that cell alone:
 - a fresh working folder, ``HOME`` and ``TMPDIR`` (``tempfile.gettempdir()`` too) of its
   own, shared by the cell's ranks as torchrun's ranks share a working directory:
   ``<out>/<cell folder>/work/<world>/{cwd,home,tmp}``
-  (:func:`cpmatrix.remote.protocol.work_folder`). The supervisor removes it when the cell
+  (:func:`cpmatrix.layout.work_folder`). The supervisor removes it when the cell
   passed, and keeps it for the report when it did not.
 
 Standard library only.

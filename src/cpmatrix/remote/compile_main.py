@@ -41,13 +41,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     set_parent_death_signal()
-    progress = Path(job.progress)
-    folder = CompileFolder(progress.parent)  # the job's folder: progress/ is its markers
+    folder = CompileFolder(Path(job.folder))
     cache_dir = Path(job.cache_dir) if job.cache_dir else None
     # What each cell reads completes the cache key. Not: the run's own folder (the cells'),
     # and the compile cache, whose entries are the cells' own results, keyed by what made
     # them (the kernel source, its spec, the toolchain: all in the pre-key).
-    observer = ReadObserver(skip=(job.out_root, str(progress.parent), job.cache_dir or ""))
+    observer = ReadObserver(skip=(job.out_root, job.folder, job.cache_dir or ""))
     for i, cell in enumerate(job.cells):
         write_typed(folder.marker(i, 0, START),
                     StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))

@@ -109,8 +109,8 @@ def _child(rank: int, args: argparse.Namespace, target: Any) -> None:
 
 
 def _root_cause(run: str, rank: int, pid: int, status: int) -> RootCause:
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return RootCause(run=run, rank=rank, exitcode=code, pid=pid, time=time.time())
+    return RootCause(run=run, rank=rank, exitcode=os.waitstatus_to_exitcode(status), pid=pid,
+                     time=time.time())
 
 
 def _root_cause_text(cause: RootCause) -> str:

@@ -275,7 +275,8 @@ class _Rank:
             log_offset=_log_offset()))
         self.isolation.before_cell()
         self.observer.start()
-        outcome, mesh = run_cell(self.world, index, spec, local, self.meshes, self.ledger)
+        outcome, mesh = run_cell(self.world, index, spec, local, stacks.parent, self.meshes,
+                                 self.ledger)
         outcome = dataclasses.replace(outcome, reads=self.observer.stop())
         t_after = time.perf_counter()
         self.env.leave()

@@ -18,11 +18,12 @@ A world's folder (:class:`WorldFolder`, ``<out>/worlds/<world>``)::
     progress/<i>.r<r>.start|done   per cell and rank in the cell: StartMarker, Outcome
     strays/<i>.r<r>.<pid>          a case's forked child that came back into cpmatrix
     home/, tmp/         the launcher's HOME and TMPDIR
+    pytest-tmp/rank<R>/ each rank's pytest basetemp (the pytest front)
 
 A compile job's folder (:class:`CompileFolder`, ``<out>/spill/<job>``): ``job.json``,
 ``spill.log`` and ``progress/`` (rank 0 only). A cell's files, relative to the run's
-output folder: :func:`rank_dir` (what the case writes), :func:`cell_output_log`,
-:func:`cell_stacks`, :func:`work_folder`.
+output folder, are :mod:`cpmatrix.layout`'s (``rank_dir``, ``cell_output_log``,
+``cell_stacks``, ``work_folder``).
 
 Example::
 
@@ -136,7 +137,13 @@ class WorldFolder(_JobFolder):
     def rank_logs(self) -> list[Path]:
         """The ranks' logs there now, by name (what ``repro`` follows, with the
         launcher's)."""
-        return sorted(p for p in self.path.glob("rank*.log") if p.stem[4:].isdigit())
+        return sorted(p for p in self.path.glob("rank*.log")
+                      if p.stem.removeprefix("rank").isdigit())
+
+    def pytest_tmp(self, rank: int) -> Path:
+        """World rank ``rank``'s pytest ``basetemp`` (the pytest front): ranks never clean
+        up each other's ``tmp_path`` folders."""
+        return self.path / "pytest-tmp" / f"rank{rank}"
 
     def idle_stacks(self, rank: int) -> Path:
         """Where world rank ``rank`` dumps its stacks while it waits between cells."""
@@ -144,7 +151,7 @@ class WorldFolder(_JobFolder):
 
     @property
     def home(self) -> Path:
-        """The launcher's ``HOME`` (a cell gets its own: :func:`work_folder`)."""
+        """The launcher's ``HOME`` (a cell gets its own: :func:`cpmatrix.layout.work_folder`)."""
         return self.path / "home"
 
     @property

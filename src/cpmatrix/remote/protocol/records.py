@@ -178,7 +178,9 @@ class CompileJob(_Json):
     """The job file of a compile subprocess (``job.json``)."""
 
     run_id: str
-    progress: str
+    #: The job's folder (:class:`~cpmatrix.remote.protocol.folders.CompileFolder`): its
+    #: markers go there.
+    folder: str
     cache_dir: str | None
     search_path: list[str]
     cells: list[CellSpec]

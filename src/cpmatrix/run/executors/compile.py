@@ -108,7 +108,7 @@ class CompileRun:
                 shutil.rmtree(self.folder.path)
             self.progress.folder.mkdir(parents=True)
             job = CompileJob(
-                run_id=ctx.run_id, progress=str(self.progress.folder),
+                run_id=ctx.run_id, folder=str(self.folder.path),
                 cache_dir=str(ctx.compile_cache) if ctx.compile_cache else None,
                 search_path=list(ctx.pythonpath), out_root=str(ctx.out_root),
                 cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
