@@ -33,9 +33,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def run(args: argparse.Namespace) -> int:
+    from cpmatrix.report.html import write_report_html
     from cpmatrix.report.merge import merge_shards
     from cpmatrix.run.outdir import claim_out
-    from cpmatrix.run.pipeline import write_report_html
 
     out: Path = args.out.resolve()
     if out in {f.resolve() for f in args.folders}:

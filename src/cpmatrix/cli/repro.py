@@ -77,8 +77,9 @@ class LogStreamer(threading.Thread):
                 continue
             print(f"$ {shlex.join(argv)}", file=self.stream, flush=True)
         # Every world's rank logs, then the launchers' (the order a pump has printed in).
-        for log in ([log for w in worlds for log in w.rank_logs()]
-                    + [w.launcher_log for w in worlds]):
+        logs = ([(log, log.stem) for w in worlds for log in w.rank_logs()]
+                + [(w.launcher_log, "launcher") for w in worlds])
+        for log, who in logs:
             start = self.offsets.get(log, 0)
             try:
                 with open(log, "rb") as f:
@@ -93,7 +94,6 @@ class LogStreamer(threading.Thread):
             if cut == 0:
                 continue
             self.offsets[log] = start + cut
-            who = log.stem if log.stem != "torchrun" else "launcher"
             for line in data[:cut].decode("utf-8", errors="replace").splitlines():
                 print(f"[{who}] {line}", file=self.stream, flush=True)
 

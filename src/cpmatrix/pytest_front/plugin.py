@@ -40,6 +40,10 @@ _TIMEOUT_MARKER = ("timeout(seconds): fail the test when it runs longer (read by
 
 
 def pytest_addoption(parser: Any) -> None:
+    # Here, not at the top: the plugin loads in every pytest run, --cpmatrix or not.
+    from cpmatrix.run.settings import FaultTimings, Launcher, choices
+
+    grace = FaultTimings().abort_grace_s
     group = parser.getgroup("cpmatrix", "multi-rank tests in cpmatrix's persistent worlds")
     group.addoption("--cpmatrix", action="store_true", default=False,
                     help="run the multi-rank tests (torch's MultiProcessTestCase family, "
@@ -56,14 +60,14 @@ def pytest_addoption(parser: Any) -> None:
                     "widest test's)")
     group.addoption("--cpmatrix-runner", default="local",
                     help="how worlds are isolated: local, sandbox, docker (default: local)")
-    group.addoption("--cpmatrix-launcher", default="fork", choices=("fork", "torchrun"),
+    group.addoption("--cpmatrix-launcher", default="fork", choices=choices(Launcher),
                     help="how ranks start (default: fork)")
     group.addoption("--cpmatrix-device", default="auto", choices=("auto", "cpu", "cuda"),
                     help="cpu (gloo) or cuda (nccl; one GPU per rank); auto: cuda when a "
                     "GPU is visible")
-    group.addoption("--cpmatrix-abort-grace", metavar="S", type=float, default=5.0,
+    group.addoption("--cpmatrix-abort-grace", metavar="S", type=float, default=grace,
                     help="seconds the other ranks get to finish a test after one rank "
-                    "failed it (then the world is torn down)")
+                    f"failed it (then the world is torn down; default: {grace:g})")
     group.addoption("--cpmatrix-cache", action="store_true", default=False,
                     help="reuse cpmatrix's cached passes (off: a pytest run runs its tests)")
 

@@ -36,6 +36,7 @@ from cpmatrix.run.balance import parse_shard
 from cpmatrix.run.ordering import parse_order
 from cpmatrix.run.remote_cache import RemoteSettings
 from cpmatrix.run.settings import (
+    PLAN_DEFAULTS,
     CacheSettings,
     FaultTimings,
     Launcher,
@@ -56,7 +57,6 @@ PACKINGS = choices(Packing)
 #: The sections' defaults, which the flags' defaults are (each defined once, there).
 _TIMINGS = FaultTimings()
 _SLURM = SlurmSettings()
-_PLAN = PlanSettings()
 _CACHE = CacheSettings()
 
 
@@ -71,7 +71,7 @@ class RunOptions:
     out: str = field(default="out", metadata=_flag(
         "--out", "output folder, claimed by one run at a time (default: %(default)s)",
         metavar="DIR"))
-    batch_size: int | None = field(default=_PLAN.batch_size, metadata=_flag(
+    batch_size: int | None = field(default=PLAN_DEFAULTS.batch_size, metadata=_flag(
         "--batch-size", "cells per world (default: one world per platform)",
         metavar="N", type=int))
     jobs: int = field(default=1, metadata=_flag(
@@ -99,7 +99,7 @@ class RunOptions:
     gpus: int | None = field(default=None, metadata=_flag(
         "--gpus", "cuda devices in the pool (default: all visible); cuda cells with more "
         "ranks are skipped", metavar="N", type=int))
-    keep_order: bool = field(default=_PLAN.keep_order, metadata=_flag(
+    keep_order: bool = field(default=PLAN_DEFAULTS.keep_order, metadata=_flag(
         "--keep-order",
         "run cells one at a time in matrix order (within each size) instead of "
         "longest-first", action="store_true"))
@@ -147,7 +147,7 @@ class RunOptions:
         "the cell's environment, isolation checks, barrier, group check and setup",
         action="store_true"))
 
-    runs_per_test: int = field(default=_PLAN.runs, metadata=_flag(
+    runs_per_test: int = field(default=PLAN_DEFAULTS.runs, metadata=_flag(
         "--runs-per-test", "run each selected cell N times (run numbers 1..N, each its own "
         "seed; run 1 keeps a plain run's): a cell whose runs disagree is FLAKY, one that "
         "fails them all fails; the result cache is off (default: %(default)s)",

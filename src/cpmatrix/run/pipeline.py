@@ -18,15 +18,13 @@ Example::
 from __future__ import annotations
 
 import signal
-import sys
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from cpmatrix.errors import ExitCode
-from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ActionKeys
@@ -40,13 +38,12 @@ from cpmatrix.run.outdir import OutClaim, claim_out
 from cpmatrix.run.provenance import cell_digests, run_source
 from cpmatrix.run.schedulers import Scheduler, scheduler_for
 from cpmatrix.run.session import JobPool, Known, Watch, run_cells
-from cpmatrix.run.settings import PlanSettings
 from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec, prepare_run
 from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
 from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
 __all__ = ["Chosen", "Entry", "Hooks", "ReproHooks", "Reproduced", "RunReport", "check_options",
-           "execute", "execute_cells", "plan_only", "reproduce", "write_report_html"]
+           "execute", "execute_cells", "plan_only", "reproduce"]
 
 
 class Hooks(Protocol):
@@ -100,9 +97,8 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
     """
     scheduler = scheduler_for(options)
     scheduler.preflight()
-    out = Path(options.out).resolve()
-    claim = None if options.dry_run else claim_out(out)
-    try:
+    with nullcontext() if options.dry_run else _claimed(options) as claim:
+        out = Path(options.out).resolve() if claim is None else claim.path
         chosen = choose()
         if not chosen.cells:
             hooks.warn(chosen.nothing)
@@ -121,10 +117,18 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
                                keys=narrowed.keys, selection=narrowed.selection,
                                order=str(narrowed.order or ""), scheduler=scheduler)
         report, stopped = _run_prepared(options, prepared, scheduler, recorded, hooks)
-    finally:
-        if claim is not None:
-            claim.release()
     return _exit_code(report, stopped, prepared, hooks)
+
+
+@contextmanager
+def _claimed(options: RunOptions) -> Iterator[OutClaim]:
+    """``--out`` claimed for this run (:func:`cpmatrix.run.outdir.claim_out`) while it
+    runs; released after, whatever happened."""
+    claim = claim_out(Path(options.out))
+    try:
+        yield claim
+    finally:
+        claim.release()
 
 
 def _narrow(options: RunOptions, chosen: Chosen, recorded: Recorded, claim: OutClaim | None,
@@ -192,6 +196,8 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
 
 def _finish(out: Path, prepared: PreparedRun, report: RunReport, hooks: Hooks) -> None:
     """report.html; the cache's line and its layers' uploads and record; the summary."""
+    from cpmatrix.report.html import write_report_html
+
     write_report_html(out, warn=hooks.warn)
     if prepared.cache_note:
         hooks.say(prepared.cache_note)
@@ -217,23 +223,6 @@ def _exit_code(report: RunReport, signum: int | None, prepared: PreparedRun,
         return ExitCode.NOTHING_SELECTED
     # A skipped cell is not ok either: 0 means every selected cell passed.
     return ExitCode.OK if all(r.status.ok for r in report.results.values()) else ExitCode.FAILURES
-
-
-def write_report_html(out: Path, warn: Callable[[str], None] | None = None) -> None:
-    """report.html beside report.xml; a rendering problem never fails the run (it is a
-    warning, on stderr unless ``warn`` takes it)."""
-    from cpmatrix.report import ReportError
-    from cpmatrix.report.html import write_html
-
-    layout = RunLayout(out)
-    try:
-        write_html(layout.report_xml, layout.report_html)
-    except (ReportError, OSError) as exc:
-        line = f"warning: report.html not written: {exc}"
-        if warn is not None:
-            warn(line)
-        else:
-            print(line, file=sys.stderr)
 
 
 def _nothing_fits(skipped: int, gpus: int) -> str:
@@ -308,9 +297,7 @@ def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
     """Rerun exactly ``cell`` (with ``mutant``: then once with it switched on), with the
     setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never cached."""
     scheduler = scheduler_for(options)
-    out = Path(options.out).resolve()
-    claim = claim_out(out)
-    try:
+    with _claimed(options) as claim:
         prepared = prepare_run(options, matrix, [cell], claim, scheduler=scheduler)
         if not prepared.cells:
             (_, why), = prepared.skipped
@@ -320,12 +307,11 @@ def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
         hooks.ready(prepared.runner.name)
         # the unmutated cell first: a mutant is judged only against a green cell
         mutants = {cell.id: ["", mutant]} if mutant else None
-        with hooks.watching(out), stop_on_signals() as stopper:
+        with hooks.watching(claim.path), stop_on_signals() as stopper:
+            # One world, here, whatever the options' scheduler: repro reruns one cell.
             report = run_cells([cell], prepared.platforms, prepared.context,
                                pool=JobPool(devices=prepared.devices),
                                known=Known(mutants=mutants), watch=Watch(stopper=stopper))
-    finally:
-        claim.release()
     if report.stopped_by is not None:
         return Reproduced(report=report, code=exit_code_for(report.stopped_by))
     result = list(report.results.values())[-1]  # the mutant run, with --mutant
@@ -340,23 +326,21 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     no summary: pytest reports). A result being reported is reported whole: Ctrl-C
     meanwhile waits for it, then stops the run."""
     scheduler = scheduler_for(options)  # before --out is claimed, as a run does
-    claim = claim_out(Path(options.out).resolve())
-    try:
+    with _claimed(options) as claim:
         prepared = prepare_run(options, matrix, list(cells), claim, scheduler=scheduler)
         pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
                          scheduler=scheduler)
-        context = replace(prepared.context, pack=pack)
+        # No recorded durations: a pytest run plans its worlds by the cells alone.
+        scheduling = scheduler.schedule(replace(prepared.context, pack=pack), prepared.cells,
+                                        devices=prepared.devices, durations=dict)
         with stop_on_signals() as stopper:
             return run_cells(
-                prepared.cells, prepared.platforms, context,
-                plan=PlanSettings(batch_size=options.batch_size),
-                pool=JobPool(jobs=options.jobs, devices=prepared.devices),
+                prepared.cells, prepared.platforms, scheduling.context,
+                plan=options.planning, pool=scheduling.pool,
                 known=Known(cached=prepared.cached, store=prepared.store,
                             skipped=prepared.skipped),
                 watch=Watch(on_result=_whole(stopper, on_result), on_start=on_start,
                             stopper=stopper))
-    finally:
-        claim.release()
 
 
 def _whole(stopper: Stopper, on_result: Callable[[Entry, Result], None]

@@ -26,13 +26,13 @@ from cpmatrix.report.merge import ShardManifest, selection_digest
 from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
 
-__all__ = ["Recorded", "recorded_history", "take_shard",
-           "write_empty_report"]
+__all__ = ["Recorded", "take_shard", "write_empty_report"]
 
 
 class Recorded:
-    """A run's recorded durations and histories, each read once, when first needed (the
-    shard, the Slurm split and the session ask for them; most runs need neither).
+    """A run's recorded durations (``--durations FILE``, else ``--out``'s own) and
+    histories, each read once, when first needed by the shard or the Slurm split (most
+    runs need neither). The session reads ``--out``'s own history itself, every run.
 
     >>> from cpmatrix.run.options import RunOptions
     >>> Recorded(RunOptions(), Path("no/such/out")).durations()
@@ -57,11 +57,11 @@ class Recorded:
     def history(self) -> dict[str, CellHistory] | None:
         """``--durations FILE``'s histories, None without the flag."""
         if self._history is None and self.options.durations:
-            self._history = recorded_history(self.options)
+            self._history = _recorded_history(self.options)
         return self._history
 
 
-def recorded_history(options: RunOptions) -> dict[str, CellHistory]:
+def _recorded_history(options: RunOptions) -> dict[str, CellHistory]:
     """``--durations FILE``'s histories (either form of the file; see
     :mod:`cpmatrix.report.history`), or a usage error naming the file."""
     path = Path(options.durations or DURATIONS)
