@@ -23,6 +23,8 @@ PACKAGE = ROOT / "src" / "cpmatrix"
 LAYOUT_NAMES = frozenset({layout.MARKER, layout.LOCK, layout.REPORT_XML, layout.RESULTS,
                           layout.REPORT_HTML, layout.RUN_INFO, layout.DURATIONS,
                           layout.SHARD_MANIFEST, layout.OUTPUT_LOG, layout.STACKS})
+#: Spellings inside a longer string: a path ending in one of the names, a world's JUnit.
+PIECES = (".junit.xml", *(f"/{name}" for name in sorted(LAYOUT_NAMES)))
 #: Frozen modules (never edited): what they spell stays.
 FROZEN = {"run/cache.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
           "parity/tolerance.py", "gate/_checks.py"}
@@ -56,7 +58,7 @@ def test_the_scans_read_the_package() -> None:
 
 
 def test_the_output_folder_is_spelled_in_layout_only() -> None:
-    found = _found(LAYOUT_NAMES, "layout.py", pieces=(".junit.xml",))
+    found = _found(LAYOUT_NAMES, "layout.py", pieces=PIECES)
     assert not found, "name these through cpmatrix.layout:\n" + "\n".join(found)
 
 
@@ -74,9 +76,10 @@ def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
     in a docstring is not, and the home itself is skipped."""
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "m.py").write_text(
-        f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\n')
+        f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\nSHOWN = f"{{out}}/{text}"\n')
     (tmp_path / "layout.py").write_text(f'NAME = "{text}"\n')
-    assert _found(LAYOUT_NAMES, "layout.py", root=tmp_path) == [f"run/m.py:2: {text!r}"]
+    assert _found(LAYOUT_NAMES, "layout.py", pieces=PIECES, root=tmp_path) == [
+        f"run/m.py:2: {text!r}", f"run/m.py:3: {'/' + text!r}"]
 
 
 def test_every_kind_is_run_by_exactly_one_executor() -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from cpmatrix.layout import REPORT_HTML, REPORT_XML
 from cpmatrix.result import Result, Status
 from cpmatrix.run.pipeline import Entry, RunReport
 
@@ -137,7 +138,7 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         f"{report.wall_s:.1f} s ({report.worlds} planned worlds, {report.world_starts} "
         f"world starts) ===="
     )
-    lines.append(f"report: {out_dir}/report.xml (html: {out_dir}/report.html)")
+    lines.append(f"report: {out_dir}/{REPORT_XML} (html: {out_dir}/{REPORT_HTML})")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ __all__ = ["add_parsers", "run"]
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r = sub.add_parser("report", help="render a merged report.xml as one self-contained HTML page")
-    r.add_argument("--report", type=Path, default=Path("out/parity-cpu/report.xml"),
+    r.add_argument("--report", type=Path, default=Path("out/parity-cpu", REPORT_XML),
                    help="a merged report.xml, or the run's output folder (default: %(default)s)")
     r.add_argument("--out", type=Path, default=None,
                    help="the HTML file (default: report.html beside the report)")
