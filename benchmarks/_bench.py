@@ -22,9 +22,11 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import yaml
+
 from cpmatrix.report import ReportCell, read_report
 
-__all__ = ["HERE", "ROOT", "add_smoke", "cpmatrix", "report"]
+__all__ = ["HERE", "ROOT", "add_batching_reps", "add_smoke", "cpmatrix", "report", "run_batching"]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -56,3 +58,30 @@ def add_smoke(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest size (seconds): proves the script runs; its "
                              "numbers mean nothing")
+
+
+def add_batching_reps(parser: argparse.ArgumentParser) -> None:
+    """``--reps N``: cells per mesh of ``batching.yaml`` (2x2 and 3x3), at most as many as
+    its ``rep`` values, so that the cells a benchmark counts are the cells that ran."""
+    target, = yaml.safe_load((HERE / "batching.yaml").read_text())["targets"]
+    most = len(target["params"]["rep"])
+
+    def reps(text: str) -> int:
+        value = int(text)
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(f"1 to {most} (batching.yaml's rep values)")
+        return value
+
+    parser.add_argument("--reps", type=reps, default=most,
+                        help=f"cells per mesh, 2x2 and 3x3 (1 to {most}; default {most})")
+
+
+def run_batching(out: Path, select: str, cells: int, *extra: str) -> float:
+    """Wall seconds of ``cpmatrix run`` over ``batching.yaml``'s ``-k select`` into ``out``;
+    the benchmark exits unless it ran exactly ``cells`` cells (the count it prints)."""
+    wall, _ = cpmatrix("run", "--matrix", str(HERE / "batching.yaml"), "-k", select,
+                       "--out", str(out), "--plain", "--no-cache", *extra)
+    ran = len(report(out))
+    if ran != cells:
+        sys.exit(f"cpmatrix ran {ran} cells of {select!r}, {cells} expected")
+    return wall

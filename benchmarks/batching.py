@@ -26,13 +26,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _bench import HERE, add_smoke, cpmatrix, report
-
-
-def run(out: Path, select: str, *extra: str) -> float:
-    wall, _ = cpmatrix("run", "--matrix", str(HERE / "batching.yaml"), "-k", select,
-                       "--out", str(out), "--plain", "--no-cache", *extra)
-    return wall
+from _bench import add_batching_reps, add_smoke, report, run_batching
 
 
 def overheads(out: Path, wall: float) -> tuple[dict[int, list[float]], float]:
@@ -49,7 +43,7 @@ def overheads(out: Path, wall: float) -> tuple[dict[int, list[float]], float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=15, help="cells per mesh (2x2 and 3x3)")
+    add_batching_reps(ap)
     ap.add_argument("--skip-unbatched", action="store_true")
     add_smoke(ap)
     args = ap.parse_args()
@@ -57,7 +51,7 @@ def main() -> None:
     select = " or ".join(f"rep={i}]" for i in range(reps))
     cells = 2 * reps
     with tempfile.TemporaryDirectory() as tmp:
-        batched = run(Path(tmp, "batched"), select, "--pack", "serial")
+        batched = run_batching(Path(tmp, "batched"), select, cells, "--pack", "serial")
         inside, all_in = overheads(Path(tmp, "batched"), batched)
         print(f"cells: {cells} ({reps} on 2x2, {reps} on 3x3), gloo on CPU")
         print(f"batched (one world, serial):    {batched:7.1f} s")
@@ -66,7 +60,7 @@ def main() -> None:
                   f" ms over {len(values)} cells")
         print(f"per cell, all in (wall - cases' own time) / cells: {1000 * all_in:.0f} ms")
         if not args.skip_unbatched:
-            single = run(Path(tmp, "single"), select, "--batch-size", "1")
+            single = run_batching(Path(tmp, "single"), select, cells, "--batch-size", "1")
             print(f"one torchrun per cell:          {single:7.1f} s")
             print(f"ratio: batched is {single / batched:.1f}x faster")
 

@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"matrix: {args.targets} targets, {cells} cells after exclude/include/constraints")
     print(line("load+expand", both))
     print(line("expand alone", alone))
+    if cells == 0:
+        print("the matrix expanded to no cell: nothing was measured", file=sys.stderr)
+        return 1
     if args.smoke:
         return 0
     if cells < 10_000:

@@ -12,9 +12,9 @@ than ranks the cells of a slot run slower side by side (they share the cores), s
 there is the idle ranks' time only; on a many-core host or a GPU node each slot has its
 own cores or devices.
 
-Part 2 asks ``--dry-run`` for the cuda platform's plan on ``--gpus N`` devices (no GPU
-needed) and prints each plan's expected makespan, one-cell-at-a-time time, the most cells
-at once and the share of device-seconds in use.
+Part 2 asks ``--dry-run`` for the cuda platform's plan of the same selection on
+``--gpus N`` devices (no GPU needed) and prints each plan's expected makespan,
+one-cell-at-a-time time, the most cells at once and the share of device-seconds in use.
 
 ``--smoke``: the four single- and two-rank fp64 unit cells, and the plan for 2 GPUs.
 """
@@ -45,10 +45,11 @@ def run(matrix: str, keyword: str | None, pack: str, out: Path) -> tuple[float, 
     return wall, own
 
 
-def gpu_plan(matrix: str, gpus: int) -> tuple[str, ...] | None:
+def gpu_plan(matrix: str, keyword: str | None, gpus: int) -> tuple[str, ...] | None:
+    select = ["-k", keyword] if keyword else []
     with tempfile.TemporaryDirectory() as tmp:
         _, proc = cpmatrix("run", "--matrix", matrix, "--platform", "cuda", "--gpus", str(gpus),
-                           "--dry-run", "--out", tmp, cwd=ROOT, codes=range(256))
+                           "--dry-run", "--out", tmp, *select, cwd=ROOT, codes=range(256))
     found = WORLD.search(proc.stdout)
     return found.groups() if found else None
 
@@ -90,7 +91,7 @@ def main() -> int:
     print("| GPUs | expected makespan | one cell at a time | most cells at once | busy |")
     print("|---|---|---|---|---|")
     for gpus in args.gpus:
-        plan = gpu_plan(args.matrix, gpus)
+        plan = gpu_plan(args.matrix, args.keyword, gpus)
         if plan is None:
             print(f"| {gpus} | (no cuda world) | | | |")
             if args.smoke:  # the smoke plans a selection that has one
