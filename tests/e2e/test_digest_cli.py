@@ -10,12 +10,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cli_runner import run_cli
+from cli_runner import RES, run_cli
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 
-RESOURCES = Path(__file__).parents[1] / "resources"
-GRID = RESOURCES / "grid.yaml"
+GRID = RES / "grid.yaml"
 
 
 def list_json(script: str | None, matrix_file: Path, cwd: Path,
@@ -37,7 +36,7 @@ def list_json(script: str | None, matrix_file: Path, cwd: Path,
 
 def test_ids_and_digests_agree_across_processes_and_hash_seeds(tmp_path: Path) -> None:
     here = [(c.id, c.digest) for c in expand(load_matrix(GRID)).cells]
-    runs: list[tuple[str | None, Path, str]] = [(None, tmp_path, "0"), (None, RESOURCES, "4242")]
+    runs: list[tuple[str | None, Path, str]] = [(None, tmp_path, "0"), (None, RES, "4242")]
     script = shutil.which("cpmatrix")
     if script is not None:  # the console script puts a different directory on sys.path
         runs.append((script, tmp_path, "random"))

@@ -82,29 +82,35 @@ def _sources() -> list[Path]:
                   if "protocol" not in p.relative_to(SRC).parts)
 
 
+def _found(paths: list[Path], root: Path = SRC) -> list[str]:
+    """``path:line: 'text' (what)`` for every spelling by hand in ``paths``."""
+    return [f"{path.relative_to(root)}:{line}: {text!r} ({what})"
+            for path in paths for line, text in _literals(path)
+            for what, pattern in SPELLINGS.items()
+            if pattern.search(text) and (path.name, text) not in NOT_PROTOCOL]
+
+
 def test_no_side_spells_the_protocol_by_hand() -> None:
-    found = []
-    for path in _sources():
-        for line, text in _literals(path):
-            for what, pattern in SPELLINGS.items():
-                if pattern.search(text) and (path.name, text) not in NOT_PROTOCOL:
-                    found.append(f"{path.relative_to(SRC)}:{line}: {text!r} ({what})")
+    found = _found(_sources())
     assert found == [], "use cpmatrix.remote.protocol:\n" + "\n".join(found)
 
 
 def test_the_scan_is_not_vacuous(tmp_path: Path) -> None:
-    """Each kind of spelling the scan knows is found in a hand-written source, and prose
-    (a docstring) and ``__all__`` are not read as spellings."""
+    """Through the scan the test above runs: each kind of spelling it knows is found in a
+    hand-written source; prose (a docstring), ``__all__`` and a listed exception are not
+    spellings."""
     source = tmp_path / "side.py"
     source.write_text('"""Docstrings may name dump.request and root_cause.json."""\n'
                       '__all__ = ["done"]\n'
                       'a = f"rank{r}.pid"\nb = "progress"\nc = f"cpmatrix/{i}/r{r}"\n'
                       'd = "recycle"\ne = "go"\nf = "done"\ng = "CPMATRIX_PROFILE"\n')
-    texts = [t for _, t in _literals(source)]
-    hits = {what for t in texts for what, p in SPELLINGS.items() if p.search(t)}
-    assert hits == set(SPELLINGS), texts
-    assert not any("dump.request" in t or "root_cause" in t for t in texts), texts
-    assert texts.count("done") == 1, texts  # f's, not __all__'s
+    found = _found([source], root=tmp_path)
+    assert {f.rpartition(" (")[2].rstrip(")") for f in found} == set(SPELLINGS), found
+    assert not any("dump.request" in f or "root_cause" in f for f in found), found
+    assert [f for f in found if "'done'" in f] == ["side.py:8: 'done' (markers)"], found
+    excepted = tmp_path / "discover_main.py"
+    excepted.write_text('OUT = {"error": 1}\nBAD = "error"\n')
+    assert _found([excepted], root=tmp_path) == [], "NOT_PROTOCOL's exception is read"
     assert len(_sources()) > 10  # both sides were read
 
 

@@ -24,8 +24,10 @@ PROCESS_MODULES = frozenset({
 #: Calls that start a process or join a real process group.
 PROCESS_CALLS = frozenset({
     "os.fork", "os.forkpty", "os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp",
-    "os.spawnv", "os.spawnve", "os.spawnl", "os.spawnle", "os.execv", "os.execve",
-    "os.execl", "os.execle", "os.execvp", "os.execvpe", "dist.init_process_group",
+    *(f"os.spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")),
+    *(f"os.exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")),
+    "pty.fork", "pty.spawn", "asyncio.create_subprocess_exec",
+    "asyncio.create_subprocess_shell", "dist.init_process_group",
     "torch.distributed.init_process_group", "mp.spawn",
 })
 #: Markers of tests that need worlds or engines (pyproject's ``markers``).
@@ -76,13 +78,9 @@ def _resolved(node: ast.expr, aliases: dict[str, str]) -> str:
 
 
 def violations(source: str) -> set[str]:
-    """What in a unit test module's ``source`` breaks the rule, one phrase per kind.
-
-    >>> sorted(violations("import subprocess\\nfrom cli_runner import run_cli\\n"))
-    ['imports cli_runner', 'imports subprocess']
-    >>> violations("import os\\nos.getpid()\\n")
-    set()
-    """
+    """What in a unit test module's ``source`` breaks the rule, one phrase per kind
+    (``imports subprocess``, ``calls os.fork``, ``marker slow``): the planted rows below
+    show each."""
     found: set[str] = set()
     tree = ast.parse(source)
     aliases = _aliases(tree)
@@ -145,12 +143,26 @@ def test_the_frozen_exceptions_still_break_the_rule() -> None:
     ("from torch.distributed import init_process_group\ninit_process_group('gloo')\n",
      "calls torch.distributed.init_process_group"),
     ("from pytest import mark\n@mark.slow\ndef test_x(): pass\n", "marker slow"),
+    # The other ways the standard library starts a process.
+    ("import os\nos.spawnlp(os.P_WAIT, 'ls', 'ls')\n", "calls os.spawnlp"),
+    ("import os\nos.execvp('ls', ['ls'])\n", "calls os.execvp"),
+    ("import pty\npty.fork()\n", "calls pty.fork"),
+    ("from pty import spawn\nspawn('ls')\n", "calls pty.spawn"),
+    ("import asyncio\nasyncio.create_subprocess_exec('ls')\n",
+     "calls asyncio.create_subprocess_exec"),
+    ("import asyncio\nasyncio.create_subprocess_shell('ls')\n",
+     "calls asyncio.create_subprocess_shell"),
 ])
 def test_the_check_sees_a_planted_violation(planted: str, phrase: str) -> None:
     assert phrase in violations(planted)
 
 
-def test_tests_has_the_four_folders_the_readme_names() -> None:
+def test_the_check_passes_in_process_code() -> None:
+    assert violations("import os\nos.getpid()\nimport pytest\n@pytest.mark.parametrize"
+                      "('x', [1])\ndef test_x(x): pass\n") == set()
+
+
+def test_tests_has_the_folders_the_readme_names() -> None:
     folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith(
         (".", "__"))}
     assert folders == FOLDERS, folders ^ FOLDERS

@@ -14,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_runner import wait_for
+import pytest
+
+from cli_runner import run_cli, wait_for
 from cpmatrix.remote.protocol import RootCause, WorldFolder, read_typed
 from cpmatrix.run.executors.attribution import torchrun_root_cause
 
@@ -104,11 +106,10 @@ def test_it_refuses_to_fork_once_a_thread_exists(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("rank*.pid"))
 
 
+@pytest.mark.slow
 def test_profile_is_a_run_option_the_ranks_read_from_the_world_file(tmp_path: Path) -> None:
     """``--profile`` reaches the ranks through the world file (``WorldSpec.profile``), not
     the environment: each rank prints one PROFILE line per cell into its log."""
-    from cli_runner import run_cli
-
     matrix = Path(__file__).parents[1] / "resources" / "basic.yaml"
     select = ("-k", "alpha and 1x1 and fp64 and autocast=off and seq=7", "--no-cache")
     for profile in (True, False):
