@@ -19,7 +19,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["DTYPE_ALIASES", "closest", "did_you_mean"]
+__all__ = ["DTYPE_ALIASES", "closest", "did_you_mean", "suggestion"]
 
 #: torch's spellings of the dtype axis' values (and their ``torch.`` forms).
 DTYPE_ALIASES: Final = {
@@ -42,11 +42,18 @@ def closest(word: str, choices: Iterable[str], *, n: int = 1) -> list[str]:
     return [lowered[h] for h in hits]
 
 
+def suggestion(word: str, choices: Iterable[str], *,
+               aliases: Mapping[str, str] | None = None) -> str:
+    """``"did you mean 'x'?"`` for the nearest allowed word, or ``""``; an alias (a torch
+    dtype spelling) names what it stands for."""
+    if aliases and word in aliases:
+        return f"did you mean {aliases[word]!r}? torch's {word} is {aliases[word]} here"
+    hit = closest(word, choices)
+    return f"did you mean {hit[0]!r}?" if hit else ""
+
+
 def did_you_mean(word: str, choices: Iterable[str], *,
                  aliases: Mapping[str, str] | None = None) -> str:
-    """``" (did you mean 'x'?)"`` for the nearest allowed word, or ``""``; an alias (a
-    torch dtype spelling) names what it stands for."""
-    if aliases and word in aliases:
-        return f" (did you mean {aliases[word]!r}? torch's {word} is {aliases[word]} here)"
-    hit = closest(word, choices)
-    return f" (did you mean {hit[0]!r}?)" if hit else ""
+    """:func:`suggestion` in parentheses, after a space (``""`` when there is none)."""
+    hint = suggestion(word, choices, aliases=aliases)
+    return f" ({hint})" if hint else ""

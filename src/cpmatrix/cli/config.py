@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from cpmatrix.errors import SpecError
-from cpmatrix.suggest import did_you_mean
+from cpmatrix.layout import REPORT_XML
+from cpmatrix.suggest import suggestion
 
 __all__ = ["NOT_IN_CONFIG", "PATH_KEYS", "PYPROJECT", "ProjectConfig", "Table", "apply_config",
            "describe", "find_table", "load_config"]
@@ -177,13 +178,14 @@ def load_config(table: Table | None,
         line = table.lines.get(key, 0)
         where = f"{_TABLE}.{key}"
 
-        def bad(message: str, what: str = "", line: int = line, where: str = where
-                ) -> SpecError:
-            return SpecError(str(table.path), line, 1 if line else 0, where, message, what)
+        def bad(message: str, what: str = "", hint: str = "", line: int = line,
+                where: str = where) -> SpecError:
+            return SpecError(str(table.path), line, 1 if line else 0, where, message, what,
+                             hint)
 
         action = allowed.get(key)
         if action is None:
-            raise bad(f"unknown key {key!r}{did_you_mean(key, allowed)}", ", ".join(allowed))
+            raise bad(f"unknown key {key!r}", ", ".join(allowed), suggestion(key, allowed))
         values[key] = _typed(key, raw, action, table.path.parent, bad)
     return ProjectConfig(path=table.path, values=values, lines=dict(table.lines))
 
@@ -217,7 +219,7 @@ def _typed(key: str, raw: Any, action: argparse.Action, base: Path, bad: Any) ->
     if kind == "choice":
         choices = [str(c) for c in action.choices or ()]
         if raw not in choices:
-            raise bad(f"{raw!r} is not allowed{did_you_mean(raw, choices)}", ", ".join(choices))
+            raise bad(f"{raw!r} is not allowed", ", ".join(choices), suggestion(raw, choices))
     if key == "python" and os.sep in raw:
         return os.path.normpath(base / os.path.expanduser(raw))
     return raw
@@ -229,7 +231,7 @@ def _for_command(command: str, key: str, value: Any) -> list[tuple[str, Any]] | 
         return {"run": [("out", value)], "spill": [("out", value)], "show": [("out", value)],
                 "repro": [("out", os.path.join(value, "repro")), ("from_dir", value)],
                 "report": [("report", Path(value))],
-                "gate": [("report", Path(value, "report.xml"))]}.get(command, [])
+                "gate": [("report", Path(value, REPORT_XML))]}.get(command, [])
     if key == "matrix":
         return [("matrix", value)] if command in ("list", "show", "run", "spill", "repro",
                                                    "completion") else []

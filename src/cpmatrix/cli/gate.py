@@ -15,6 +15,7 @@ from pathlib import Path
 from cpmatrix.cli.common import add_command
 from cpmatrix.cli.json_out import emit, gate_doc
 from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.layout import REPORT_XML
 from cpmatrix.report.read import ReportError
 
 __all__ = ["add_parsers", "run"]
@@ -27,13 +28,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "cell present, run from the sources the matrix gives it now, passed; spills within "
         "budget; mutants killed; no drift past the baseline. Exit 0 pass, 1 fail (a "
         "table of reasons), 2 a malformed gates file or report.",
-        ["cpmatrix gate", "cpmatrix gate --policy release --report out/report.xml",
-         "cpmatrix gate --baseline last/report.xml      # also numerical drift",
+        ["cpmatrix gate", f"cpmatrix gate --policy release --report out/{REPORT_XML}",
+         f"cpmatrix gate --baseline last/{REPORT_XML}      # also numerical drift",
          "cpmatrix gate --json"])
     g.add_argument("--policy", required=True,
                    help="a policy name in the gates file (default: policy in "
                    "[tool.cpmatrix])")
-    g.add_argument("--report", type=Path, default=Path("out", "report.xml"),
+    g.add_argument("--report", type=Path, default=Path("out", REPORT_XML),
                    help="a merged report.xml (default: report.xml in out of "
                    "[tool.cpmatrix], else %(default)s)")
     g.add_argument("--baseline", type=Path, default=None,

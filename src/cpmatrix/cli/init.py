@@ -21,6 +21,7 @@ from cpmatrix.cli import starter
 from cpmatrix.cli.common import add_command
 from cpmatrix.cli.config import PYPROJECT
 from cpmatrix.errors import ExitCode, UsageError
+from cpmatrix.layout import REPORT_XML
 
 __all__ = ["add_parsers", "run"]
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print("next:")
     for line in ("cpmatrix list            # the cells the matrix makes",
                  "cpmatrix run             # run them: one world, the report in out/",
-                 "cpmatrix gate            # the release policy over out/report.xml",
+                 f"cpmatrix gate            # the release policy over out/{REPORT_XML}",
                  "cpmatrix config          # the settings in force, and where each is set"):
         print(f"  {line}")
     return ExitCode.OK

@@ -52,7 +52,7 @@ from cpmatrix.gate._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, lo
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.report.read import ReportError, read_report
 from cpmatrix.result import Status
-from cpmatrix.suggest import did_you_mean
+from cpmatrix.suggest import suggestion
 
 __all__ = [
     "DEFAULT_DRIFT_KEYS",
@@ -138,9 +138,8 @@ def decide(policy: str, report: Path, baseline: Path | None, gates_file: Path,
 
     policies = load_policies(gates_file)
     if policy not in policies:
-        raise SpecError(os.fspath(gates_file), 0, 0, "",
-                        f"no policy {policy!r}{did_you_mean(policy, policies)}",
-                        ", ".join(policies))
+        raise SpecError(os.fspath(gates_file), 0, 0, "", f"no policy {policy!r}",
+                        ", ".join(policies), suggestion(policy, policies))
     chosen = policies[policy]
     if matrices:
         chosen = replace(chosen, matrices=tuple(matrices))

@@ -17,7 +17,7 @@ import yaml
 
 from cpmatrix.matrix.schema import AUTOCAST, DTYPES, LEVELS, PATHS, VALUE_RE, Mesh, Scalar
 from cpmatrix.matrix.yamlreader import SpecReader, render
-from cpmatrix.suggest import DTYPE_ALIASES, did_you_mean
+from cpmatrix.suggest import DTYPE_ALIASES, suggestion
 
 __all__ = ["axis_list", "axis_value", "where_of"]
 
@@ -51,8 +51,8 @@ def axis_value(ctx: SpecReader, axis: str, value: Scalar, node: yaml.Node, path:
         return DTYPE_ALIASES[value]
     vocab = {"level": LEVELS, "dtype": DTYPES, "path": PATHS}[axis]
     if value not in vocab:
-        raise ctx.error(node, path, f"unknown {axis} {value!r}{did_you_mean(value, vocab)}",
-                        ", ".join(vocab))
+        raise ctx.error(node, path, f"unknown {axis} {value!r}", ", ".join(vocab),
+                        suggestion(value, vocab))
     return value
 
 

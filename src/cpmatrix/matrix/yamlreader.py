@@ -22,7 +22,7 @@ import yaml
 
 from cpmatrix.errors import SpecError
 from cpmatrix.matrix.schema import Scalar
-from cpmatrix.suggest import did_you_mean
+from cpmatrix.suggest import suggestion
 
 __all__ = ["SpecReader", "compose", "kind_of", "read_spec_text", "reject_duplicate_keys",
            "render", "yaml_problem_in_words"]
@@ -43,8 +43,10 @@ _PROBLEMS: tuple[tuple[str, str], ...] = (
     ("found character '\\t' that cannot start any token",
      "a tab: YAML indents with spaces only"),
     ("could not find expected ':'", "a key without its ':' (or a line indented wrongly)"),
-    ("expected ',' or ']'", "a '[' list not closed with ']' (or a missing ',')"),
-    ("expected ',' or '}'", "a '{' mapping not closed with '}' (or a missing ',')"),
+    ("expected ',' or ']'", "expected a ']' to close the '[' list (or a ',' between its "
+     "items)"),
+    ("expected ',' or '}'", "expected a '}' to close the '{' mapping (or a ',' between its "
+     "entries)"),
     ("found unexpected end of stream", "a quote that is never closed"),
     ("found undefined alias", "a '*name' alias with no '&name' anchor before it "
      "(quote a value that starts with '*')"),
@@ -109,10 +111,11 @@ class SpecReader:
         self.mesh_nodes: dict[tuple[str, str], tuple[yaml.Node, str]] = {}
 
     def error(
-        self, node: yaml.Node, path: str, message: str, allowed: str = ""
+        self, node: yaml.Node, path: str, message: str, allowed: str = "", hint: str = ""
     ) -> SpecError:
         mark = node.start_mark
-        return SpecError(self.file, mark.line + 1, mark.column + 1, path, message, allowed)
+        return SpecError(self.file, mark.line + 1, mark.column + 1, path, message, allowed,
+                         hint)
 
     def scalar(self, node: yaml.Node, path: str) -> Scalar:
         if not isinstance(node, yaml.ScalarNode):
@@ -151,9 +154,8 @@ class SpecReader:
                 raise self.error(key_node, sub, f"duplicate key {key!r}")
             seen.add(key)
             if allowed is not None and key not in allowed:
-                raise self.error(
-                    key_node, sub, f"unknown key {key!r}{did_you_mean(key, allowed)}",
-                    ", ".join(allowed))
+                raise self.error(key_node, sub, f"unknown key {key!r}", ", ".join(allowed),
+                                 suggestion(key, allowed))
             yield key, key_node, value_node
 
     def sequence(self, node: yaml.Node, path: str) -> list[yaml.Node]:
