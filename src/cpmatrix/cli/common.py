@@ -24,7 +24,7 @@ from cpmatrix.matrix.expand import Expansion, expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
-from cpmatrix.suggest import did_you_mean
+from cpmatrix.suggest import did_you_mean, suggestion
 
 __all__ = ["NO_MATRIX", "Parser", "absolute_path", "add_command", "add_selection",
            "excluded_counts", "keyword_hints", "load_and_expand", "matrix_of",
@@ -99,8 +99,9 @@ def select_from_args(args: argparse.Namespace, *, check: bool = True
     if args.platform is not None:
         names = [p.name for p in matrix.platforms]
         if args.platform not in names:
-            raise UsageError(f"--platform {args.platform!r}: unknown"
-                             f"{did_you_mean(args.platform, names)} (allowed: {', '.join(names)})")
+            hint = suggestion(args.platform, names)
+            raise UsageError(f"--platform {args.platform!r}: unknown (allowed: "
+                             f"{', '.join(names)})" + (f"; {hint}" if hint else ""))
     cells = select_cells(
         expansion.cells, platform=args.platform, keyword=args.keyword, tags=args.tag
     )

@@ -186,6 +186,8 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
                     run_id=context.run_id,
                     properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(layout.results, [r.to_dict() for r in ordered.values()])
+    atomic_write_json(layout.timings, {"wall_s": round(time.monotonic() - session.t0, 3),
+                                       "jobs": session.job_times()})
     save_run_history(out, runs_history)
     if internal is not None:
         raise internal
@@ -279,6 +281,8 @@ class _Session:
         #: Cells that did not pass so far, and whether ``maxfail`` stopped the run.
         self.not_passed = 0
         self.stopped_early = False
+        #: Job name -> its timings (:meth:`job_times`).
+        self.times: dict[str, dict[str, object]] = {}
         self.closing = False
 
     @property
@@ -357,8 +361,10 @@ class _Session:
             still: list[tuple[_Item, Job]] = []
             for item, job in self.active:
                 for entry, result in job.poll():
+                    self.times.get(job.name, {}).setdefault("first_result_s", self._now())
                     self.finish(item, entry, result)
                 if job.finished:
+                    self.times.get(job.name, {}).setdefault("ended_s", self._now())
                     self._after_job(item, job)
                 else:
                     still.append((item, job))
@@ -385,6 +391,8 @@ class _Session:
         if self.wrap_job is not None:
             job = self.wrap_job(job)
         job.start()
+        self.times[name] = {"name": name, "what": item.executor.noun,
+                            "cells": len(item.entries), "started_s": self._now()}
         if self.watch.on_launch is not None:
             self.watch.on_launch(name, item.executor.noun, len(item.entries))
         self.jobs_started[item.executor.name] = self.jobs_started.get(item.executor.name, 0) + 1
@@ -432,7 +440,16 @@ class _Session:
     def kill_jobs(self) -> None:
         for _, job in self.active:
             job.kill()
+            self.times.get(job.name, {}).setdefault("ended_s", self._now())
         self.active = []
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    def job_times(self) -> list[dict[str, object]]:
+        """Each job launched: its name, what it is, its cells, and when (seconds into the
+        run) it started, returned its first result and ended."""
+        return list(self.times.values())
 
     def close_unfinished(self, stopped_by: int | None, internal: BaseException | None) -> None:
         """Every planned entry ends as exactly one result, whatever stopped the run; a
