@@ -154,9 +154,8 @@ def test_a_missing_case_function_is_exit_2_before_any_world(
     path = write_matrix_and_cases(tmp_path, MATRIX.replace("cases:f", "cases:gg"), CASES)
     for command in ("list", "run"):
         out_dir = tmp_path / "out"
-        rc, out, err = cli(capsys, command, "--matrix", str(path), "--dry-run", "--out",
-                           str(out_dir)) if command == "run" else cli(
-            capsys, command, "--matrix", str(path))
+        extra = ["--dry-run", "--out", str(out_dir)] if command == "run" else []
+        rc, _, err = cli(capsys, command, "--matrix", str(path), *extra)
         assert rc == 2, (command, err)
         assert err.startswith(f"error: {path}:6:11: targets[0].case: case 'cases:gg': "
                               f"{tmp_path / 'cases.py'} defines no 'gg'"), err

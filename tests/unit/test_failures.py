@@ -102,7 +102,7 @@ def test_a_failed_cells_evidence_is_labelled_by_rank_failing_first() -> None:
     merged = merge_evidence([{"err": 0.0, "n": 8}, {"err": 1.0, "n": 8}, {"err": 1.0, "n": 8}],
                             ranks=[0, 1, 2], failing=[1, 2])
     assert merged == {"err@rank1": 1.0, "err@rank2": 1.0, "err@rank0": 0.0, "n": 8}
-    assert list(merged)[0] == "err@rank1"
+    assert next(iter(merged)) == "err@rank1"
     # a rank that recorded nothing: the others are labelled with their own ranks
     assert merge_evidence([{"e": 2.0}, {"e": 3.0}], ranks=[4, 6], failing=[6]) == {
         "e@rank6": 3.0, "e@rank4": 2.0}
