@@ -91,14 +91,20 @@ def evidence_lines(cell: ReportCell) -> list[str]:
     ...     "evidence.parity.max_abs": "3e-08", "evidence.parity.atol": "1e-07"})
     >>> evidence_lines(c)
     ['parity.max_abs = 3e-08  (atol 1e-07)']
+    >>> evidence_lines(ReportCell(name="x", status=Status.FAILED, properties={
+    ...     "evidence.max_abs_err@rank1": "1.0", "evidence.atol": "1e-07"}))
+    ['max_abs_err@rank1 = 1  (atol 1e-07)']
     """
     ev = cell.evidence
     lines: list[str] = []
     for key in ev:
-        label, _, leaf = key.rpartition(".")
+        # A failed cell's values are labelled by rank (``max_abs@rank1``): the same pairs.
+        base, at, rank = key.partition("@rank")
+        label, _, leaf = base.rpartition(".")
         for err, tol in _ERROR_PAIRS:
             if leaf == err:
                 tol_key = f"{label}.{tol}" if label else tol
+                tol_key = tol_key if tol_key in ev else f"{tol_key}{at}{rank}"
                 tol_text = f"  ({tol} {_short(ev[tol_key])})" if tol_key in ev else ""
                 lines.append(f"{key} = {_short(ev[key])}{tol_text}")
     if any(k in ev for k in _SPILL_KEYS[:2]):

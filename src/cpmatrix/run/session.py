@@ -124,7 +124,7 @@ class Watch:
 
 
 class _MaxFail(Exception):
-    """``maxfail`` cells did not pass: the run stops (not a signal; exit 1 as usual)."""
+    """``maxfail`` cells did not pass: the run stops (not an error: exit 1 as usual)."""
 
 
 #: One job at a time, nothing known, nobody watching: a plain run's sections.
@@ -187,7 +187,7 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
                     properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(layout.results, [r.to_dict() for r in ordered.values()])
     atomic_write_json(layout.timings, {"wall_s": round(time.monotonic() - session.t0, 3),
-                                       "jobs": session.job_times()})
+                                       "jobs": list(session.times.values())})
     save_run_history(out, runs_history)
     if internal is not None:
         raise internal
@@ -281,7 +281,8 @@ class _Session:
         #: Cells that did not pass so far, and whether ``maxfail`` stopped the run.
         self.not_passed = 0
         self.stopped_early = False
-        #: Job name -> its timings (:meth:`job_times`).
+        #: Job name -> what it is, its cells, when (s into the run) it started, first
+        #: returned a result and ended (``timings.json``).
         self.times: dict[str, dict[str, object]] = {}
         self.closing = False
 
@@ -445,11 +446,6 @@ class _Session:
 
     def _now(self) -> float:
         return round(time.monotonic() - self.t0, 3)
-
-    def job_times(self) -> list[dict[str, object]]:
-        """Each job launched: its name, what it is, its cells, and when (seconds into the
-        run) it started, returned its first result and ended."""
-        return list(self.times.values())
 
     def close_unfinished(self, stopped_by: int | None, internal: BaseException | None) -> None:
         """Every planned entry ends as exactly one result, whatever stopped the run; a
