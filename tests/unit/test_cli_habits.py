@@ -68,7 +68,7 @@ def test_help_describes_the_tool_and_each_command_has_examples() -> None:
 def test_repro_help_offers_no_flag_that_means_nothing_for_it() -> None:
     text = build_parser().parse_args(["config"]).parsers["repro"].format_help()
     for flag in ("--shard", "--scheduler", "--partition", "--max-jobs", "--slurm-arg",
-                 "--durations", "--maxfail", "--jobs", "--batch-size"):
+                 "--durations", "--maxfail", "--jobs", "--batch-size", "--remote-cache"):
         assert flag not in text, flag
     for flag in ("--failed", "-k", "--runner", "--mutant", "--matrix"):
         assert flag in text, flag

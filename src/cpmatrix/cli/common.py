@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from typing import NoReturn
@@ -57,7 +58,7 @@ def add_command(sub: argparse._SubParsersAction, name: str,  # type: ignore[type
     examples (``cpmatrix NAME --help``)."""
     epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
     parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=summary, description=description, epilog=epilog,
+        name, help=summary, description=textwrap.fill(description, 88), epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser
 

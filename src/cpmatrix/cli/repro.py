@@ -59,7 +59,7 @@ __all__ = ["LogStreamer", "add_parsers", "failed_in", "run"]
 _NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "order", "no_cache",
                   "cache_dir", "plain", "runs_per_test", "shard", "durations", "scheduler",
                   "partition", "account", "max_jobs", "slurm_args", "pending_timeout_s",
-                  "maxfail", "failed_first")
+                  "maxfail", "failed_first", "remote_cache", "remote_cache_read_only")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
