@@ -47,6 +47,7 @@ class SpecError(Exception):
         yaml_path: str,
         message: str,
         allowed: str = "",
+        hint: str = "",
     ) -> None:
         self.file = file
         self.line = line
@@ -54,10 +55,13 @@ class SpecError(Exception):
         self.yaml_path = yaml_path
         self.message = message
         self.allowed = allowed
+        #: A suggestion after the allowed values ("did you mean 'layer'?").
+        self.hint = hint
         super().__init__(str(self))
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.column}" if self.line > 0 else self.file
         path = f" {self.yaml_path}:" if self.yaml_path else ""
         allowed = f" (allowed: {self.allowed})" if self.allowed else ""
-        return f"{where}:{path} {self.message}{allowed}"
+        hint = f"; {self.hint}" if self.hint else ""
+        return f"{where}:{path} {self.message}{allowed}{hint}"

@@ -5,6 +5,7 @@
     out/
       .cpmatrix-out  .cpmatrix.lock      the claim (cpmatrix.run.outdir)
       report.xml  results.json  report.html  run.json
+      timings.json                       when each job (world) started, answered, ended
       durations.json                     the cells' recorded runs (cpmatrix.report.history)
       shard.json                         a shard's manifest (cpmatrix.report.merge)
       worlds/<world>/                    a world launch's job folder, its torchrun.log ...
@@ -49,6 +50,7 @@ __all__ = [
     "SHARD_MANIFEST",
     "SPILL",
     "STACKS",
+    "TIMINGS",
     "WORLDS",
     "RunLayout",
     "cell_dir",
@@ -69,6 +71,8 @@ RESULTS: Final = "results.json"
 REPORT_HTML: Final = "report.html"
 #: What the run was: its id, argv, toolchain, source digests, what the caches did.
 RUN_INFO: Final = "run.json"
+#: Each job of the run (a world, a compile job): when it started, first answered, ended.
+TIMINGS: Final = "timings.json"
 #: The cells' recorded runs (:mod:`cpmatrix.report.history`): kept from run to run.
 DURATIONS: Final = "durations.json"
 #: A shard's manifest: which shard of which selection the folder holds.
@@ -88,7 +92,7 @@ _RANK: Final = "rank"
 JOB_FOLDERS: Final = (WORLDS, CELLS, SPILL)
 #: What a run writes: the previous run's copies go before this run starts
 #: (``durations.json`` is kept: it is the history the planner learns from).
-OUTPUTS: Final = (REPORT_XML, RESULTS, REPORT_HTML, RUN_INFO, *JOB_FOLDERS)
+OUTPUTS: Final = (REPORT_XML, RESULTS, REPORT_HTML, RUN_INFO, TIMINGS, *JOB_FOLDERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,10 @@ class RunLayout:
     @property
     def run_info(self) -> Path:
         return self.root / RUN_INFO
+
+    @property
+    def timings(self) -> Path:
+        return self.root / TIMINGS
 
     @property
     def durations(self) -> Path:

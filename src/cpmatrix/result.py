@@ -133,6 +133,10 @@ class Result:
     runs: int = 0
     runs_passed: int = 0
     run_failures: tuple[str, ...] = ()
+    #: The command that reruns this cell alone (``cpmatrix repro '<id>' ...``), quoted for a
+    #: POSIX shell; set on a cell that did not pass, "" otherwise (left out of
+    #: :meth:`to_dict` then).
+    repro: str = ""
     #: What the cell read (path -> signature, merged over its ranks), for the result
     #: cache; None when not observed. In memory only: never in results.json or reports.
     reads: dict[str, str] | None = field(default=None, compare=False, repr=False)
@@ -164,6 +168,8 @@ class Result:
         else:  # a plain run's row as before runs per test existed
             for key in ("runs", "runs_passed", "run_failures"):
                 del d[key]
+        if not self.repro:
+            del d["repro"]
         return d
 
     @classmethod
@@ -198,6 +204,7 @@ class Result:
                 runs_passed=int(_typed(d, "runs_passed", int, 0)),
                 run_failures=tuple(_str(v, "run_failures")
                                    for v in _typed(d, "run_failures", list, [])),
+                repro=_typed(d, "repro", str, ""),
             )
         except (TypeError, KeyError) as exc:
             raise ValueError(f"malformed result: {exc}") from None

@@ -446,17 +446,18 @@ def test_missing_file_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFi
     missing = tmp_path / "nope.yaml"
     rc, out, err = cli_list(missing, capsys)
     assert (rc, out) == (2, "")
-    assert err == f"error: {missing}: no such matrix file\n"
+    assert err == (f"error: {missing}: no such matrix file; point at a matrix with --matrix "
+                   "FILE, or matrix = \"FILE\" in [tool.cpmatrix] of pyproject.toml\n")
 
 
-def test_default_matrix_path_is_used_and_reported(
+def test_no_matrix_named_says_how_to_name_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml with [tool.cpmatrix] up from here
     assert main(["list"]) == 2
-    # Resolved once, at parse time: the message names the file it looked for.
     err = capsys.readouterr().err
-    assert err == f"error: {tmp_path / 'matrix' / 'parity.yaml'}: no such matrix file\n"
+    assert err.startswith("error: no matrix: give --matrix FILE, or set matrix = ")
+    assert "[tool.cpmatrix]" in err and "cpmatrix init" in err
 
 
 def test_absurdly_nested_yaml_exits_2(

@@ -85,7 +85,7 @@ def _cell() -> Cell:
 
 
 def _session() -> Any:
-    session = _Session(SimpleNamespace(sources={}), {}, pool=JobPool(), store=None,
+    session = _Session(SimpleNamespace(sources={}, repro=None), {}, pool=JobPool(), store=None,
                        on_result=None)
     cell = _cell()
     session.planned = [Entry(cell=cell), Entry(cell=cell, mutant="bug"),

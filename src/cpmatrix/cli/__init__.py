@@ -1,44 +1,102 @@
-"""The ``cpmatrix`` command: one small module per subcommand, registered in one table.
+"""cpmatrix: multi-rank PyTorch parity tests, from a YAML matrix to a release gate.
 
-Each module has ``add_parsers(sub)`` (its parser, with ``handler`` set) and a ``run(args)``
-returning an exit code. ``main`` maps errors to the codes every command shares: 0 ok,
-1 test failures, 2 usage or spec error, 3 nothing selected, 4 internal error of cpmatrix,
-128+N stopped by signal N.
+Each subcommand is a module here with ``add_parsers(sub)`` (its parser, with ``handler``
+set) and a ``run(args)`` returning an exit code. ``main`` reads the project's
+``[tool.cpmatrix]`` (:mod:`cpmatrix.cli.config`) into the flags' defaults, parses, and
+maps errors to the codes every command shares: 0 ok, 1 test failures, 2 usage or spec
+error, 3 nothing selected, 4 internal error of cpmatrix, 128+N stopped by signal N.
 
 Example::
 
-    $ cpmatrix list --matrix matrix/parity.yaml -k "ring and 2x2" --json
+    $ cpmatrix list -k "ring and 2x2" --json
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
-from cpmatrix.cli import gate, list, merge, report, repro, run, show
+from cpmatrix import __version__
+from cpmatrix.cli import (
+    completion,
+    config_cmd,
+    gate,
+    init,
+    list,
+    merge,
+    report,
+    repro,
+    run,
+    show,
+)
 from cpmatrix.cli.common import Parser
+from cpmatrix.cli.config import apply_config, find_table, load_config
 from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.suggest import did_you_mean
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: Every subcommand's module, in the order ``cpmatrix --help`` lists them.
-COMMANDS: Final = (list, show, run, merge, repro, gate, report)
+COMMANDS: Final = (init, list, run, show, repro, gate, report, merge, config_cmd, completion)
+
+DESCRIPTION: Final = """\
+cpmatrix runs multi-rank PyTorch parity tests: a YAML matrix (mesh x dtype x path x your
+own axes) becomes cells, many cells run in each persistent world (gloo on CPU, nccl on
+GPUs), every crash or hang is blamed on its cell and rank, one JUnit/HTML report holds
+the evidence, and a gate decides a release from it.
+
+Settings come from [tool.cpmatrix] in the nearest pyproject.toml (keys: the flags
+without '--'); flags override them. `cpmatrix config` shows what is in force."""
+
+EPILOG: Final = """\
+first steps:
+  cpmatrix init                 # starter cases, matrix, gates and the pyproject table
+  cpmatrix run                  # run the matrix: one world per platform, report in out/
+  cpmatrix repro --failed       # rerun the last run's failures, streaming their logs
+  cpmatrix show CELL            # a cell's last result: message, ranks, evidence, logs
+
+exit codes: 0 ok, 1 test failures, 2 usage or spec error, 3 nothing selected,
+4 internal error of cpmatrix, 128+N stopped by signal N (docs/running.md)"""
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="cpmatrix", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+def build_parser(cwd: Path | None = None) -> Parser:
+    """The parser, its defaults taken from the project's ``[tool.cpmatrix]`` found from
+    ``cwd`` (default: the working folder) upward."""
+    parser = Parser(prog="cpmatrix", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"cpmatrix {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser,
+                                metavar="COMMAND")
     for command in COMMANDS:
         command.add_parsers(sub)
+    parsers = dict(sub.choices)
+    start = cwd or Path.cwd()
+    apply_config(load_config(find_table(start), parsers), parsers)
+    parser.set_defaults(parsers=parsers, cwd=start)
     return parser
+
+
+def _parse(parser: Parser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse; an unknown flag is refused naming the nearest flag of its command."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = args.parsers.get(getattr(args, "command", None) or "", parser)
+        flags = [o for a in command._actions for o in a.option_strings]
+        unknown = [e for e in extra if e.startswith("-")] or extra
+        hint = did_you_mean(unknown[0].split("=", 1)[0], flags)
+        command.print_usage(sys.stderr)
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(build_parser(), argv)
         return int(args.handler(args))
     except (SpecError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,27 +12,55 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import textwrap
+from collections import Counter
+from collections.abc import Sequence
 from typing import NoReturn
 
 from cpmatrix.errors import UsageError
+from cpmatrix.matrix.case_check import check_cases
 from cpmatrix.matrix.expand import Expansion, expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
+from cpmatrix.suggest import did_you_mean, suggestion
 
-__all__ = ["DEFAULT_MATRIX", "Parser", "absolute_path", "add_selection", "load_and_expand",
+__all__ = ["NO_MATRIX", "Parser", "absolute_path", "add_command", "add_selection",
+           "excluded_counts", "keyword_hints", "load_and_expand", "matrix_of",
            "nothing_selected", "select_from_args"]
 
-DEFAULT_MATRIX = "matrix/parity.yaml"
+#: What to say when no matrix is named: by flag or by the project's table.
+NO_MATRIX = ("no matrix: give --matrix FILE, or set matrix = \"FILE\" in [tool.cpmatrix] of "
+             "your pyproject.toml (`cpmatrix init` writes a starter project)")
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line, as every other usage error does."""
+    """argparse that exits 2 with one line, as every other usage error does, and
+    suggests the nearest choice for a typo."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
+        m = _INVALID_CHOICE.search(message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group("choices"))
+            message += did_you_mean(m.group("word"), choices)
         raise UsageError(message)
+
+
+def add_command(sub: argparse._SubParsersAction, name: str,  # type: ignore[type-arg]
+                summary: str, description: str, examples: Sequence[str]
+                ) -> argparse.ArgumentParser:
+    """A subcommand with its one-line summary (``cpmatrix --help``), its description and
+    examples (``cpmatrix NAME --help``)."""
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=textwrap.fill(description, 88), epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
 
 
 def absolute_path(text: str) -> str:
@@ -42,8 +70,8 @@ def absolute_path(text: str) -> str:
 
 
 def add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", default=DEFAULT_MATRIX, type=absolute_path,
-                   help="matrix YAML (default: %(default)s)")
+    p.add_argument("--matrix", default=None, type=absolute_path,
+                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
     p.add_argument("--platform", help="only cells of this platform (e.g. cpu, cuda)")
     p.add_argument("-k", dest="keyword", metavar="EXPR",
                    help="pytest-style keyword expression over ids, axis values and tags")
@@ -51,30 +79,91 @@ def add_selection(p: argparse.ArgumentParser) -> None:
                    help="only cells carrying this tag (repeatable: all must match)")
 
 
+def matrix_of(args: argparse.Namespace) -> str:
+    """The matrix the command reads (``--matrix`` or the project's), or why there is none."""
+    path: str | None = getattr(args, "matrix", None)
+    if not path:
+        raise UsageError(NO_MATRIX)
+    return path
+
+
 def load_and_expand(path: str) -> tuple[Matrix, Expansion]:
     matrix = load_matrix(path)
     return matrix, expand(matrix)
 
 
-def select_from_args(args: argparse.Namespace) -> tuple[Matrix, Expansion, list[Cell]]:
-    """Load, expand and select; raise UsageError for an unknown platform."""
-    matrix, expansion = load_and_expand(args.matrix)
+def select_from_args(args: argparse.Namespace, *, check: bool = True
+                     ) -> tuple[Matrix, Expansion, list[Cell]]:
+    """Load, expand and select; raise UsageError for an unknown platform. ``check``: the
+    selected cells' case functions must exist (read statically; exit 2 naming where)."""
+    matrix, expansion = load_and_expand(matrix_of(args))
     if args.platform is not None:
         names = [p.name for p in matrix.platforms]
         if args.platform not in names:
-            raise UsageError(f"--platform {args.platform!r}: unknown (allowed: {', '.join(names)})")
+            hint = suggestion(args.platform, names)
+            raise UsageError(f"--platform {args.platform!r}: unknown (allowed: "
+                             f"{', '.join(names)})" + (f"; {hint}" if hint else ""))
     cells = select_cells(
         expansion.cells, platform=args.platform, keyword=args.keyword, tags=args.tag
     )
+    if check:
+        check_cases(matrix, cells)
     return matrix, expansion, cells
 
 
-def nothing_selected(args: argparse.Namespace, total: int, excluded: int | None = None) -> str:
+def excluded_counts(expansion: Expansion) -> str:
+    """How many combinations each constraint and exclude clause removed, in one clause
+    (``""`` when none was): ``; 2 removed by constraint kernel-not-fp64, 1 by exclude[0]``.
+    """
+    counts: Counter[str] = Counter()
+    for e in expansion.excluded:
+        if e.reason.startswith("constraint "):
+            counts[e.reason.split(":", 1)[0]] += 1
+        else:
+            counts[e.reason.split(" (", 1)[0]] += 1
+    if not counts:
+        return ""
+    parts = [f"{n} by {why}" for why, n in counts.most_common()]
+    return (f"; {sum(counts.values())} combination(s) left out: " + ", ".join(parts)
+            + " (--why-excluded lists them)")
+
+
+def _unmatched_words(args: argparse.Namespace, cells: Sequence[Cell]) -> list[str]:
+    """A hint per ``-k`` word that matches no cell at all: the nearest id part or tag."""
+    if not args.keyword:
+        return []
+    from cpmatrix.suggest import DTYPE_ALIASES
+
+    words = [w for w in re.findall(r"[^\s()]+", args.keyword)
+             if w not in ("and", "or", "not")]
+    vocabulary: set[str] = set()
+    for c in cells:
+        vocabulary.update(re.split(r"[\[\],@]", c.id))
+        vocabulary.update(c.tags)
+    vocabulary.discard("")
+    hints = []
+    for word in words:
+        low = word.lower()
+        if any(low in c.id.lower() or low in (t.lower() for t in c.tags) for c in cells):
+            continue
+        hint = did_you_mean(word, sorted(vocabulary), aliases=DTYPE_ALIASES)
+        hints.append(f"-k word {word!r} matches no cell{hint}")
+    return hints
+
+
+def keyword_hints(args: argparse.Namespace, expansion: Expansion) -> list[str]:
+    """``-k`` words that match none of the matrix's cells, each with its nearest word."""
+    return _unmatched_words(args, expansion.cells)
+
+
+def nothing_selected(args: argparse.Namespace, total: int, excluded: int | None = None,
+                     hints: Sequence[str] = ()) -> str:
+    path = getattr(args, "matrix", None)
     if total == 0:
         how_many = "every combination was" if excluded is None else (
             f"all {excluded} combinations were")
         return (
-            f"nothing selected: {args.matrix} yields no cell: {how_many} excluded "
+            f"nothing selected: {path} yields no cell: {how_many} excluded "
             "(see `cpmatrix list --why-excluded`)"
         )
     parts = []
@@ -85,4 +174,5 @@ def nothing_selected(args: argparse.Namespace, total: int, excluded: int | None 
     for t in args.tag:
         parts.append(f"--tag {t}")
     how = " and ".join(parts) if parts else "the matrix"
-    return f"nothing selected: {how} matched none of the {total} cells in {args.matrix}"
+    tail = "".join(f"\n  {h}" for h in hints)
+    return f"nothing selected: {how} matched none of the {total} cells in {path}{tail}"

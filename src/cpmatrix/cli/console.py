@@ -1,24 +1,26 @@
 """Human output: a progress bar on a terminal, plain lines otherwise; the summary; the
 :class:`Console` that shows a run's pipeline (its :class:`~cpmatrix.run.pipeline.Hooks`).
 
-The summary lists failures first, one block each (cell id, kind, rank, the first
-lines of the traceback, where the files are), then the counts and the wall time.
+The summary lists failures first, one block each (:mod:`cpmatrix.cli.failures`: the
+ranks with one traceback grouped, your frames, the evidence by rank, the repro line),
+then a table per target (cells, passed, failed, time), the slowest cells
+(``--durations N``), the counts and the wall time.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from cpmatrix.cli.failures import failure_block
 from cpmatrix.layout import REPORT_HTML, REPORT_XML
-from cpmatrix.result import Result, Status
+from cpmatrix.result import Result, Status, testcase_name
 from cpmatrix.run.pipeline import Entry, RunReport
 
-__all__ = ["Console", "Progress", "format_summary"]
-
-_TRACE_LINES = 12
+__all__ = ["Console", "Progress", "format_summary", "target_table"]
 
 
 class Progress:
@@ -71,43 +73,22 @@ class Progress:
         print(f"[{self.done:>{width}}/{self.total}] {label:<7} {entry.key} "
               f"({result.duration_s:.2f}s)", file=self.stream, flush=True)
 
+    def note(self, line: str) -> None:
+        """A line above the bar (or a plain line)."""
+        if self._rich is not None:
+            self._rich.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
     def stop(self) -> None:
         if self._rich is not None:
             self._rich.stop()
 
 
-def _failure_block(key: str, r: Result) -> list[str]:
-    ranks = ",".join(map(str, r.failing_ranks)) or "-"
-    kind = r.kind.value if r.kind else "-"
-    lines = [f"{r.status.label} {key}", f"  kind: {kind}   rank(s): {ranks}"
-             + (f"   attempts: {r.attempts}" if r.attempts > 1 else "")]
-    if r.runs:  # --runs-per-test: the counts first, then each run that did not pass
-        lines.append(f"  runs: {r.runs_passed}/{r.runs} passed")
-        lines += [f"  {line}" for line in r.run_failures]
-    elif r.message:
-        lines.append(f"  {r.message}")
-    for f in r.failures[:2]:
-        lines.append(f"  rank {f.rank}: {f.message.splitlines()[0] if f.message else ''}"
-                     + (f"  [check: {f.check}]" if f.check else ""))
-        tb = [ln for ln in f.traceback.splitlines() if ln.strip()]
-        if tb:
-            shown = tb[-_TRACE_LINES:]
-            if len(tb) > _TRACE_LINES:
-                lines.append("    ...")
-            lines += [f"    {ln}" for ln in shown]
-    if not r.failures:
-        for rank, tail in sorted(r.stderr_tails.items()):
-            last = [ln for ln in tail.splitlines() if ln.strip()][-6:]
-            if last:
-                who = "launcher" if rank < 0 else f"rank {rank}"
-                lines.append(f"  {who} log (last lines):")
-                lines += [f"    {ln}" for ln in last]
-    if r.out_dir:
-        lines.append(f"  files: {r.out_dir}/")
-    return lines
-
-
-def format_summary(report: RunReport, out_dir: str) -> str:
+def format_summary(report: RunReport, out_dir: str, *, full_trace: bool = False,
+                   slowest: int | None = None) -> str:
+    """Failures (one block each), skipped cells by reason, the per-target table, the
+    ``slowest`` cells (``--durations N``; 0: all), the counts and the wall time."""
     lines: list[str] = []
     # Skipped cells were never run: one line per reason below, not a block each (a
     # one-GPU host skips most of a cuda matrix).
@@ -121,7 +102,7 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         lines.append(f"==== {len(bad)} not passed ====")
         for key, r in bad:
             lines.append("")
-            lines.extend(_failure_block(key, r))
+            lines.extend(failure_block(key, r, full_trace=full_trace))
     reasons: dict[str, int] = {}
     for r in report.results.values():
         if r.status is Status.SKIPPED:
@@ -130,6 +111,17 @@ def format_summary(report: RunReport, out_dir: str) -> str:
         lines.append("")
         lines.append(f"==== {sum(reasons.values())} skipped ====")
         lines += [f"  {n} cells {why}" for why, n in sorted(reasons.items())]
+    if report.results:
+        lines.append("")
+        lines += target_table(report.results.values())
+    if slowest is not None and report.results:
+        ran = sorted((r for r in report.results.values() if r.status is not Status.SKIPPED),
+                     key=lambda r: -r.duration_s)
+        shown = ran if slowest == 0 else ran[:slowest]
+        lines.append("")
+        lines.append(f"==== slowest {len(shown)} cells ====")
+        lines += [f"  {r.duration_s:8.2f} s  {testcase_name(r.cell_id, r.mutant)}"
+                  for r in shown]
     counts = report.counts()
     parts = [f"{counts.get(s.value, 0)} {s.label.lower()}" for s in Status if counts.get(s.value)]
     lines.append("")
@@ -142,18 +134,62 @@ def format_summary(report: RunReport, out_dir: str) -> str:
     return "\n".join(lines)
 
 
+def target_table(results: Iterable[Result]) -> list[str]:
+    """One row per target: its cells, how many passed, did not pass, were skipped, and
+    the cells' summed time (mutant runs counted with their target).
+
+    >>> print("\\n".join(target_table([Result(cell_id="t[a]@cpu", status=Status.PASSED,
+    ...                                      duration_s=1.5)])))
+    target  cells  passed  failed  skipped   time
+    t           1       1       0        0  1.5 s
+    """
+    rows: dict[str, list[float]] = {}
+    for r in results:
+        row = rows.setdefault(r.cell_id.split("[", 1)[0].split("@", 1)[0], [0, 0, 0, 0, 0.0])
+        row[0] += 1
+        if r.status.ok:
+            row[1] += 1
+        elif r.status is Status.SKIPPED:
+            row[3] += 1
+        else:
+            row[2] += 1
+        row[4] += r.duration_s
+    head = ("target", "cells", "passed", "failed", "skipped", "time")
+    body = [(t, *(f"{int(v)}" for v in row[:4]), f"{row[4]:.1f} s") for t, row in rows.items()]
+    width = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+
+    def fmt(cols: Sequence[str]) -> str:
+        first = f"{cols[0]:<{width[0]}}"
+        rest = "  ".join(f"{c:>{w}}" for c, w in zip(cols[1:], width[1:], strict=True))
+        return f"{first}  {rest}"
+
+    return [fmt(head), *(fmt(row) for row in body)]
+
+
 class Console:
     """A run's lines on stdout and stderr, its progress, its summary (the
     :class:`~cpmatrix.run.pipeline.Hooks` of ``cpmatrix run``)."""
 
-    def __init__(self, *, plain: bool) -> None:
-        self.progress = Progress(force_plain=plain)
+    def __init__(self, *, plain: bool, full_trace: bool = False, slowest: int | None = None,
+                 stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.progress = Progress(self.stream, force_plain=plain)
+        self.full_trace = full_trace
+        self.slowest = slowest
+        #: The run's report once summarized, and every warning said (for ``--json``).
+        self.seen: RunReport | None = None
+        self.said: list[str] = []
 
     def say(self, line: str) -> None:
-        print(line, flush=True)
+        print(line, file=self.stream, flush=True)
 
     def warn(self, line: str) -> None:
+        self.said.append(line)
         print(line, file=sys.stderr)
+
+    def launched(self, name: str, what: str, cells: int) -> None:
+        """A phase line while a world starts (seconds before its first cell is done)."""
+        self.progress.note(f"starting {what} ({name}) for {cells} cells ...")
 
     def start(self, total: int) -> None:
         self.progress.start(total)
@@ -165,4 +201,6 @@ class Console:
         self.progress.stop()
 
     def summary(self, report: RunReport, out: Path) -> None:
-        print(format_summary(report, os.path.relpath(out)))
+        self.seen = report
+        print(format_summary(report, os.path.relpath(out), full_trace=self.full_trace,
+                             slowest=self.slowest), file=self.stream)

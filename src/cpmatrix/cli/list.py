@@ -2,7 +2,7 @@
 
 Example::
 
-    $ cpmatrix list --matrix matrix/parity.yaml -k "ring and 2x2" --json
+    $ cpmatrix list -k "ring and 2x2" --json
 """
 
 from __future__ import annotations
@@ -11,14 +11,26 @@ import argparse
 import json
 import sys
 
-from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
+from cpmatrix.cli.common import (
+    add_command,
+    add_selection,
+    excluded_counts,
+    keyword_hints,
+    nothing_selected,
+    select_from_args,
+)
 from cpmatrix.errors import ExitCode
 
 __all__ = ["add_parsers", "run"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("list", help="expand the matrix and print the selected cells")
+    p = add_command(
+        sub, "list", "expand the matrix and print the selected cells",
+        "Expand the matrix into its cells and print the selected ones, one id a line. "
+        "Every selected case function is checked to exist first (exit 2 naming where).",
+        ["cpmatrix list", "cpmatrix list -k \"ring and 2x2\"",
+         "cpmatrix list --tag release --json", "cpmatrix list --why-excluded"])
     add_selection(p)
     p.add_argument("--json", action="store_true", help="print a JSON array of cells")
     p.add_argument("--why-excluded", action="store_true",
@@ -38,9 +50,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{len(expansion.excluded)} combinations excluded:", file=stream)
         for e in expansion.excluded:
             print(f"  {e.id}  <- {e.reason}", file=stream)
+    hints = keyword_hints(args, expansion)
     if not cells:
-        print(nothing_selected(args, len(expansion.cells), len(expansion.excluded)),
+        print(nothing_selected(args, len(expansion.cells), len(expansion.excluded), hints),
               file=sys.stderr)
         return ExitCode.NOTHING_SELECTED
-    print(f"{len(cells)} of {len(expansion.cells)} cells selected", file=sys.stderr)
+    for hint in hints:
+        print(f"note: {hint}", file=sys.stderr)
+    print(f"{len(cells)} of {len(expansion.cells)} cells selected{excluded_counts(expansion)}",
+          file=sys.stderr)
     return ExitCode.OK

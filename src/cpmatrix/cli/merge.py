@@ -17,18 +17,29 @@ import json
 import sys
 from pathlib import Path
 
-from cpmatrix.errors import ExitCode
+from cpmatrix.cli.common import add_command
+from cpmatrix.cli.json_out import emit, merge_doc
+from cpmatrix.errors import ExitCode, SpecError, UsageError
 from cpmatrix.layout import RunLayout
 
 __all__ = ["add_parsers", "run"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    m = sub.add_parser("merge", help="merge the --out folders of sharded runs into one report")
+    m = add_command(
+        sub, "merge", "merge the --out folders of sharded runs into one report",
+        "Merge the output folders of a run's shards into one report (report.xml, "
+        "results.json, report.html, durations.json): each cell once; a cell no shard "
+        "reported is missing, one two folders disagree about fails. Folders run from "
+        "different sources are refused (exit 2).",
+        ["cpmatrix merge out/shard-* --out out/merged",
+         "cpmatrix merge out/shard-* --out out/merged --json"])
     m.add_argument("folders", nargs="+", type=Path, metavar="DIR",
                    help="a shard's --out folder (each holds report.xml, results.json)")
     m.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="where the merged report.xml, results.json and report.html go")
+    m.add_argument("--json", action="store_true",
+                   help="print one JSON document (docs/cli-json.md); the lines go to stderr")
     m.set_defaults(handler=run)
 
 
@@ -38,32 +49,49 @@ def run(args: argparse.Namespace) -> int:
     from cpmatrix.run.outdir import claim_out
 
     out: Path = args.out.resolve()
-    if out in {f.resolve() for f in args.folders}:
-        print("error: --out must be a new folder, not one of the shards", file=sys.stderr)
+    said: list[str] = []
+    stream = sys.stderr if args.json else sys.stdout
+
+    def fail(message: str) -> int:
+        if args.json:
+            emit(merge_doc(ExitCode.USAGE, out, args.folders, None, 0, [message]))
+        print(f"error: {message}", file=sys.stderr)
         return ExitCode.USAGE
-    claim = claim_out(out)
+
+    if out in {f.resolve() for f in args.folders}:
+        return fail("--out must be a new folder, not one of the shards")
     try:
-        summary = merge_shards(list(args.folders), out)
-        write_report_html(out)
-    finally:
-        claim.release()
+        claim = claim_out(out)
+        try:
+            summary = merge_shards(list(args.folders), out)
+            write_report_html(out)
+        finally:
+            claim.release()
+    except (SpecError, UsageError) as exc:
+        return fail(str(exc))
+
+    def say(line: str) -> None:
+        said.append(line)
+        print(line, file=sys.stderr)
+
     for warning in summary.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}")
     if summary.duplicates:
-        print(f"warning: {len(summary.duplicates)} cells were reported by more than one "
-              "folder, with the same verdict: " + ", ".join(summary.duplicates[:10]),
-              file=sys.stderr)
+        say(f"warning: {len(summary.duplicates)} cells were reported by more than one "
+            "folder, with the same verdict: " + ", ".join(summary.duplicates[:10]))
     if summary.conflicts:
-        print(f"error: {len(summary.conflicts)} cells were reported by more than one folder "
-              "with different verdicts; they fail the merge (conflict):\n  "
-              + "\n  ".join(summary.conflicts[:50]), file=sys.stderr)
+        say(f"error: {len(summary.conflicts)} cells were reported by more than one folder "
+            "with different verdicts; they fail the merge (conflict):\n  "
+            + "\n  ".join(summary.conflicts[:50]))
     if summary.missing:
-        print(f"error: {len(summary.missing)} cells were reported by no folder; they are "
-              "in the report as interrupted:\n  " + "\n  ".join(summary.missing[:50]),
-              file=sys.stderr)
+        say(f"error: {len(summary.missing)} cells were reported by no folder; they are "
+            "in the report as interrupted:\n  " + "\n  ".join(summary.missing[:50]))
     rows = json.loads(RunLayout(out).results.read_text())
     bad = sum(1 for r in rows if r["status"] not in ("passed", "cached"))
     print(f"merged {summary.cells} cells from {len(args.folders)} folders into {out} "
           f"({bad} not passed, {len(summary.missing)} missing, "
-          f"{len(summary.conflicts)} conflicts)")
-    return ExitCode.OK if bad == 0 else ExitCode.FAILURES
+          f"{len(summary.conflicts)} conflicts)", file=stream)
+    code = ExitCode.OK if bad == 0 else ExitCode.FAILURES
+    if args.json:
+        emit(merge_doc(code, out, args.folders, summary, bad, said))
+    return code

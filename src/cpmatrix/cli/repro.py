@@ -1,14 +1,22 @@
-"""``cpmatrix repro CELL_ID``: rerun exactly one cell, streaming its output.
+"""``cpmatrix repro CELL_ID``: rerun exactly one cell (or the last run's failures),
+streaming its output.
 
 The cell's seed comes from its id and its environment from the allow-list, so a
 repro draws the same numbers as the run the id came from (fp64 evidence is
 bit-identical on the same platform). The command that ran is printed so it can be
 pasted (``docker run ...`` / ``bwrap ...`` / ``python -m torch.distributed.run ...``).
 
+A cell is named by its id, or by any prefix of it that names one cell
+(:mod:`cpmatrix.cli.cellref`); ``--failed`` reruns the cells that did not pass in the
+last run (``results.json`` of ``--from``, by default the project's ``out``), ``-k``
+the cells an expression selects; several cells run together in one world.
+
 Example::
 
     $ cpmatrix repro 'ring_attention[unit,2x2,fp64,autocast=off,reference,seq=7]@cpu' \\
           --runner docker
+    $ cpmatrix repro --failed
+    $ cpmatrix repro 'ring_attention[unit,2x2'
 """
 
 from __future__ import annotations
@@ -24,28 +32,63 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from cpmatrix.cli.common import DEFAULT_MATRIX, load_and_expand
+from cpmatrix.cli.cellref import NotFound, resolve_id
+from cpmatrix.cli.common import (
+    absolute_path,
+    add_command,
+    keyword_hints,
+    load_and_expand,
+    matrix_of,
+)
 from cpmatrix.cli.console import format_summary
-from cpmatrix.errors import ExitCode
+from cpmatrix.cli.run import repro_flags
+from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import RunLayout
+from cpmatrix.matrix.case_check import check_cases
+from cpmatrix.matrix.schema import Cell
+from cpmatrix.matrix.select import select_cells
 from cpmatrix.remote.protocol import WorldFolder
+from cpmatrix.result import Result
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import check_options, reproduce
 
-__all__ = ["LogStreamer", "add_parsers", "run"]
+__all__ = ["LogStreamer", "add_parsers", "failed_in", "run"]
 
-#: Settings that mean nothing for one cell run once (the cache too: a repro always runs).
+#: Settings that mean nothing for a few cells rerun once, here (the cache too: a repro
+#: always runs; the scheduler and shards too: a repro runs one world on this host).
 _NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "order", "no_cache",
-                  "cache_dir", "plain", "runs_per_test")
+                  "cache_dir", "plain", "runs_per_test", "shard", "durations", "scheduler",
+                  "partition", "account", "max_jobs", "slurm_args", "pending_timeout_s",
+                  "maxfail", "failed_first", "remote_cache", "remote_cache_read_only")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("repro", help="rerun exactly one cell, streaming its output")
-    p.add_argument("cell_id")
-    p.add_argument("--matrix", default=DEFAULT_MATRIX)
+    p = add_command(
+        sub, "repro", "rerun one cell (or the last run's failures), streaming its output",
+        "Rerun exactly the cells named, with the setup of `cpmatrix run` (runner, "
+        "interpreter), never cached, streaming every rank's log. CELL is a cell id or a "
+        "prefix of exactly one. A failure's block ends with the line to paste here.",
+        ["cpmatrix repro 'allreduce_sum[unit,2x2,fp64,autocast=off,reference]@cpu'",
+         "cpmatrix repro 'allreduce_sum[unit,2x2,fp64'       # a prefix of one id",
+         "cpmatrix repro --failed                            # the last run's failures",
+         "cpmatrix repro -k \"2x2 and fp32\"",
+         "cpmatrix repro CELL --mutant no_allreduce           # with a planted bug",
+         "cpmatrix repro CELL --runner docker"])
+    p.add_argument("cell_id", nargs="?", metavar="CELL",
+                   help="a cell id, or a prefix of exactly one")
+    p.add_argument("--failed", action="store_true",
+                   help="rerun the cells that did not pass in the last run (--from)")
+    p.add_argument("-k", dest="keyword", metavar="EXPR",
+                   help="rerun the cells this -k expression selects")
+    p.add_argument("--from", dest="from_dir", type=absolute_path, default=None, metavar="DIR",
+                   help="with --failed: the run's output folder (default: out of "
+                   "[tool.cpmatrix], else ./out)")
+    p.add_argument("--matrix", type=absolute_path, default=None,
+                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
     p.add_argument("--mutant", default="", help="switch this declared mutant on")
     add_run_arguments(p, exclude=_NOT_FOR_REPRO)
-    p.set_defaults(handler=run, out="out/repro", no_cache=True, plain=True)
+    p.set_defaults(handler=run, out="out/repro", no_cache=True, plain=True, platform=None,
+                   tag=[])
 
 
 class LogStreamer(threading.Thread):
@@ -102,30 +145,106 @@ class LogStreamer(threading.Thread):
         self.join(timeout=5)
 
 
+def failed_in(folder: Path) -> list[Result]:
+    """The results that did not pass (skipped ones aside) in a run's ``results.json``."""
+    path = RunLayout(folder).results
+    try:
+        rows = json.loads(path.read_text())
+        results = [Result.from_dict(r) for r in rows]
+    except FileNotFoundError:
+        raise UsageError(f"--failed: no {path}: no run has reported there (run first, or "
+                         "give --from DIR)") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--failed: {path} cannot be read: {exc}") from None
+    return [r for r in results if not r.status.ok and r.status.value != "skipped"]
+
+
+def _chosen(args: argparse.Namespace) -> tuple[object, list[Cell], str] | int:
+    """The matrix, the cells to rerun and the mutant; an exit code when there are none."""
+    given = sum(bool(x) for x in (args.cell_id, args.failed, args.keyword))
+    if given != 1:
+        raise UsageError("name what to rerun: a CELL id (or a prefix of one), --failed, or "
+                         "-k EXPR (one of them)")
+    matrix, expansion = load_and_expand(matrix_of(args))
+    ids = [c.id for c in expansion.cells]
+    by_id = {c.id: c for c in expansion.cells}
+    mutant = args.mutant
+    if args.cell_id:
+        try:
+            cells = [by_id[resolve_id(args.cell_id, ids)]]
+        except NotFound as exc:
+            print(f"{exc} in {args.matrix} (see `cpmatrix list`)", file=sys.stderr)
+            return ExitCode.NOTHING_SELECTED
+    elif args.keyword:
+        cells = select_cells(expansion.cells, keyword=args.keyword)
+        if not cells:
+            hints = "".join(f"\n  {h}" for h in keyword_hints(args, expansion))
+            print(f"nothing selected: -k {args.keyword!r} matched none of the "
+                  f"{len(ids)} cells in {args.matrix}{hints}", file=sys.stderr)
+            return ExitCode.NOTHING_SELECTED
+    else:
+        folder = Path(args.from_dir or "out")
+        failed = failed_in(folder)
+        unknown = sorted({r.cell_id for r in failed} - set(by_id))
+        if unknown:
+            print(f"note: {len(unknown)} failed cell(s) are not in {args.matrix} now: "
+                  + ", ".join(unknown[:5]), file=sys.stderr)
+        cells = list({r.cell_id: by_id[r.cell_id] for r in failed if r.cell_id in by_id}
+                     .values())
+        if not cells:
+            print(f"nothing to rerun: no cell failed in {folder}'s last run", file=sys.stderr)
+            return ExitCode.NOTHING_SELECTED
+        mutants = {r.mutant for r in failed if r.mutant}
+        if len(cells) == 1 and len(mutants) == 1 and not mutant:
+            mutant = mutants.pop()  # a survived mutant: its run is what failed
+    if mutant and len(cells) != 1:
+        raise UsageError(f"--mutant goes with one cell; {len(cells)} are selected")
+    check_cases(matrix, cells)
+    return matrix, cells, mutant
+
+
 def run(args: argparse.Namespace) -> int:
-    """The same setup as ``cpmatrix run`` (runner, interpreter, devices), for one cell."""
+    """The same setup as ``cpmatrix run`` (runner, interpreter, devices), for its cells."""
     options = RunOptions.from_namespace(args)
     check_options(options)
-    matrix, expansion = load_and_expand(args.matrix)
-    cell = next((c for c in expansion.cells if c.id == args.cell_id), None)
-    if cell is None:
-        print(f"no cell {args.cell_id!r} in {args.matrix} (see `cpmatrix list`)", file=sys.stderr)
-        return ExitCode.NOTHING_SELECTED
-    done = reproduce(options, matrix, cell, mutant=args.mutant, hooks=_Streaming(args))
+    chosen = _chosen(args)
+    if isinstance(chosen, int):
+        return chosen
+    matrix, cells, mutant = chosen
+    if len(cells) > 1:
+        print(f"repro: {len(cells)} cells in one world: "
+              + ", ".join(c.id for c in cells[:5]) + (" ..." if len(cells) > 5 else ""))
+    done = reproduce(options, matrix, cells, mutant=mutant,  # type: ignore[arg-type]
+                     hooks=_Streaming(args, [c.id for c in cells], mutant))
     if done.report is None:
         return done.code
     print(format_summary(done.report, str(Path(options.out).resolve())))
-    if done.result is not None:
-        for key, value in sorted(done.result.evidence.items()):
+    if done.result is not None and len(cells) == 1:
+        for key, value in done.result.evidence.items():
             print(f"evidence {key} = {value!r}")
     return done.code
 
 
-class _Streaming:
-    """repro's lines, the command to paste, every log streamed while the cell runs."""
+def _without_runner(flags: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for f in flags:
+        if skip:
+            skip = False
+        elif f == "--runner":
+            skip = True
+        else:
+            out.append(f)
+    return out
 
-    def __init__(self, args: argparse.Namespace) -> None:
+
+class _Streaming:
+    """repro's lines, the command to paste, every log streamed while the cells run."""
+
+    def __init__(self, args: argparse.Namespace, ids: list[str], mutant: str) -> None:
         self.args = args
+        self.ids = ids
+        self.mutant = mutant
 
     def say(self, line: str) -> None:
         print(line)
@@ -134,10 +253,11 @@ class _Streaming:
         print(line, file=sys.stderr)
 
     def ready(self, runner: str) -> None:
-        a = self.args
-        paste = ["cpmatrix", "repro", a.cell_id, "--matrix", a.matrix, "--runner", runner] + (
-            ["--mutant", a.mutant] if a.mutant else [])
-        print(f"repro: {shlex.join(paste)}")
+        flags = [f for f in _without_runner(repro_flags(self.args))] + ["--runner", runner]
+        for cell_id in self.ids:
+            paste = ["cpmatrix", "repro", cell_id] + (
+                ["--mutant", self.mutant] if self.mutant else []) + flags
+            print(f"repro: {shlex.join(paste)}")
 
     @contextmanager
     def watching(self, out: Path) -> Iterator[object]:

@@ -2,39 +2,132 @@
 
 Example::
 
-    $ cpmatrix run --matrix matrix/parity.yaml --platform cpu -k ring --out out
-    $ cpmatrix spill --matrix matrix/parity.yaml -k arch=sm_90a
+    $ cpmatrix run -k ring --out out
+    $ cpmatrix run -x --failed-first --durations 5
+    $ cpmatrix spill -k arch=sm_90a
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from functools import partial
+from pathlib import Path
 
-from cpmatrix.cli.common import add_selection, nothing_selected, select_from_args
+from cpmatrix.cli.common import (
+    add_command,
+    add_selection,
+    excluded_counts,
+    keyword_hints,
+    nothing_selected,
+    select_from_args,
+)
 from cpmatrix.cli.console import Console
+from cpmatrix.cli.json_out import emit, error_doc, run_doc
+from cpmatrix.errors import ExitCode, SpecError, UsageError
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import Chosen, execute
 
-__all__ = ["add_parsers", "run"]
+__all__ = ["add_parsers", "add_reporting", "repro_flags", "run"]
+
+_EXAMPLES = ("cpmatrix run", "cpmatrix run -k \"ring and 2x2\" --out out/ring",
+             "cpmatrix run -x --failed-first            # stop at the first failure; "
+             "last failures first",
+             "cpmatrix run --durations 5                # list the 5 slowest cells",
+             "cpmatrix run --mutants                    # planted bugs must all be killed",
+             "cpmatrix run --dry-run --platform cuda --gpus 8",
+             "cpmatrix run --json > run.json            # one JSON document for CI tools")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("run", help="run the selected cells in batched torchrun worlds")
+    p = add_command(
+        sub, "run", "run the selected cells in persistent worlds (fork launcher by default)",
+        "Run the selected cells, many per world: one world per platform by default, its "
+        "ranks forked after one torch import, narrow cells side by side on its ranks. "
+        "Every crash or hang is blamed on its cell and rank; each failure prints the line "
+        "that reruns it (`cpmatrix repro ...`). Passes are cached (--no-cache runs "
+        "everything). The report goes to --out: report.xml, results.json, report.html.",
+        _EXAMPLES)
     add_selection(p)
+    add_reporting(p)
     p.set_defaults(platform="cpu", only_kind=None, handler=run)
     add_run_arguments(p)
-    s = sub.add_parser("spill", help="run only the Triton register-spill gates (kind: spill)")
+    # after --maxfail: the first flag of a dest gives its default (0, not None)
+    p.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
+                   help="stop at the first cell that does not pass (as --maxfail 1)")
+    s = add_command(
+        sub, "spill", "run only the Triton register-spill gates (kind: spill)",
+        "Run only the spill cells: each kernel compiled ahead of time for its GPU "
+        "architecture (no GPU needed), its PTX's register spills checked against the "
+        "budget (docs/spill.md).",
+        ["cpmatrix spill", "cpmatrix spill -k arch=sm_90a"])
     add_selection(s)
+    add_reporting(s)
     s.set_defaults(platform=None, only_kind="spill", handler=run)
     add_run_arguments(s, exclude=("mutants",))
 
 
+def add_reporting(p: argparse.ArgumentParser) -> None:
+    """How a run's outcome is shown: ``--full-trace``, ``--json``."""
+    p.add_argument("--full-trace", action="store_true",
+                   help="show every frame of a failure's traceback (default: your frames; "
+                   "cpmatrix's and importlib's are hidden)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document on stdout (docs/cli-json.md; the human "
+                   "output goes to stderr)")
+
+
+def _slowest(args: argparse.Namespace) -> int | None:
+    """``--durations N`` (a number) is pytest's: list the N slowest cells; a FILE is
+    recorded durations (handed on as the option)."""
+    value = getattr(args, "durations", None)
+    if value is not None and str(value).isdigit():
+        args.durations = None
+        return int(value)
+    return None
+
+
+def repro_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags a failing cell's repro line needs besides its id: ``--matrix`` where the
+    project's table does not name this one, and the runner, launcher or interpreter where
+    they differ from repro's defaults here."""
+    flags: list[str] = []
+    config = getattr(args, "config", None)
+    if args.matrix and (config is None or config.get("matrix") != args.matrix):
+        flags += ["--matrix", _shown_path(args.matrix)]
+    defaults = args.parsers.get("repro") if hasattr(args, "parsers") else None
+    for dest, flag in (("runner", "--runner"), ("launcher", "--launcher"),
+                       ("python", "--python")):
+        value = getattr(args, dest, None)
+        default = defaults.get_default(dest) if defaults is not None else None
+        if value is not None and value != default:
+            flags += [flag, str(value)]
+    return tuple(flags)
+
+
+def _shown_path(path: str) -> str:
+    """A path as short as it can be from here (relative below the working folder)."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
+
+
 def run(args: argparse.Namespace) -> int:
     """Parse, hand the run to the pipeline (which claims ``--out`` before selecting),
-    print what it says."""
-    options = RunOptions.from_namespace(args)
-    return execute(options, partial(_choose, args), Console(plain=options.plain))
+    print what it says (``--json``: the human lines to stderr, one document to stdout)."""
+    slowest = _slowest(args)
+    try:
+        options = RunOptions.from_namespace(args)
+        console = Console(plain=options.plain or args.json, full_trace=args.full_trace,
+                          slowest=slowest, stream=sys.stderr if args.json else None)
+        code = execute(options, partial(_choose, args), console)
+    except (SpecError, UsageError) as exc:
+        if args.json:
+            emit(error_doc("run", ExitCode.USAGE, str(exc)))
+        raise
+    if args.json:
+        emit(run_doc(code, console.seen, Path(options.out).resolve(), console.said))
+    return code
 
 
 def _choose(args: argparse.Namespace) -> Chosen:
@@ -42,5 +135,12 @@ def _choose(args: argparse.Namespace) -> Chosen:
     matrix, expansion, cells = select_from_args(args)
     if args.only_kind:
         cells = [c for c in cells if c.kind == args.only_kind]
-    return Chosen(matrix=matrix, cells=cells,
-                  nothing=nothing_selected(args, len(expansion.cells)) if not cells else "")
+    hints = keyword_hints(args, expansion)
+    if cells:
+        for hint in hints:
+            print(f"note: {hint}", file=sys.stderr)
+        print(f"{len(cells)} of {len(expansion.cells)} cells selected"
+              f"{excluded_counts(expansion)}", file=sys.stderr)
+    return Chosen(matrix=matrix, cells=cells, repro=repro_flags(args),
+                  nothing=nothing_selected(args, len(expansion.cells), hints=hints)
+                  if not cells else "")

@@ -1,9 +1,15 @@
-"""``cpmatrix show CELL_ID``: one cell in full (or why it is excluded); with ``--history``,
-its recorded runs (outcomes, flake rate, durations) from a ``durations.json``.
+"""``cpmatrix show CELL``: a cell's last result (status, message, failing ranks, evidence,
+logs, the repro line) and its definition; with ``--history``, its recorded runs
+(outcomes, flake rate, durations) from a ``durations.json``.
+
+CELL is a cell id or a prefix of exactly one (:mod:`cpmatrix.cli.cellref`). The result
+is read from ``results.json`` of ``--out`` (the project's ``out``, else ``out``); with
+no result there, the definition alone is printed (as JSON).
 
 Example::
 
     $ cpmatrix show 'ring_attention[unit,2x2,fp64,autocast=off,reference,n=7]@cpu'
+    $ cpmatrix show 'ring_attention[unit,2x2' --json
     $ cpmatrix show 'ring_attention[unit,2x2,fp64,autocast=off,reference,n=7]@cpu' \\
           --history --out out/parity-cpu
 """
@@ -16,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from cpmatrix.cli.common import DEFAULT_MATRIX, absolute_path, load_and_expand
+from cpmatrix.cli.cellref import NotFound, resolve_id
+from cpmatrix.cli.common import absolute_path, add_command, load_and_expand, matrix_of
+from cpmatrix.cli.json_out import emit, show_doc
+from cpmatrix.cli.show_result import last_results, result_lines
 from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.cellid import parse_cell_id
@@ -26,42 +35,84 @@ __all__ = ["add_parsers", "run"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("show", help="print one cell in full, or its recorded runs (--history)")
-    p.add_argument("cell_id")
-    p.add_argument("--matrix", default=DEFAULT_MATRIX)
+    p = add_command(
+        sub, "show", "print a cell's last result (or its recorded runs: --history)",
+        "Print a cell's last result from the run in --out: its status, message, failing "
+        "ranks with their traceback, evidence by rank, log files and the repro line; then "
+        "its definition. CELL is an id or a prefix of exactly one.",
+        ["cpmatrix show 'allreduce_sum[unit,2x2,fp64,autocast=off,reference]@cpu'",
+         "cpmatrix show 'allreduce_sum[unit,2x2,fp64' --json",
+         "cpmatrix show CELL --history              # outcomes and flake rate over runs"])
+    p.add_argument("cell_id", metavar="CELL")
+    p.add_argument("--matrix", type=absolute_path, default=None,
+                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
     p.add_argument("--history", action="store_true",
                    help="print the cell's recorded runs (outcomes, flake rate, durations) "
                    "instead of its definition")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=absolute_path, metavar="DIR",
-                       help="with --history: the run's (or merge's) output folder, whose "
-                       "durations.json is read (default: out)")
+                       help="the run's (or merge's) output folder: its results.json (and, "
+                       "with --history, durations.json) (default: out)")
     where.add_argument("--durations", type=absolute_path, metavar="FILE",
                        help="with --history: a durations.json to read")
-    p.add_argument("--json", action="store_true", help="with --history: print JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (docs/cli-json.md)")
+    p.add_argument("--full-trace", action="store_true",
+                   help="show every frame of the failure's traceback")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        key = parse_cell_id(args.cell_id)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     if args.history:
+        try:
+            parse_cell_id(args.cell_id)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         return _history(args)
-    if args.out or args.durations or args.json:
-        raise UsageError("--out, --durations and --json go with --history")
-    _, expansion = load_and_expand(args.matrix)
-    for c in expansion.cells:
-        if c.id == args.cell_id:
-            print(json.dumps(c.to_dict(), indent=2))
-            return ExitCode.OK
-    for e in expansion.excluded:
+    if args.durations:
+        raise UsageError("--durations goes with --history")
+    _, expansion = load_and_expand(matrix_of(args))
+    ids = [c.id for c in expansion.cells]
+    try:
+        cell_id = resolve_id(args.cell_id, ids)
+    except NotFound as exc:
+        return _not_a_cell(args, expansion, exc)
+    cell = next(c for c in expansion.cells if c.id == cell_id)
+    out = Path(args.out or "out")
+    results = last_results(out, cell_id)
+    if args.json:
+        emit(show_doc(ExitCode.OK, cell.to_dict(), results[0] if results else None,
+                      RunLayout(out).results if results else None,
+                      [] if results else [f"no result of it in {RunLayout(out).results}"]))
+        return ExitCode.OK
+    if not results:
+        print(json.dumps(cell.to_dict(), indent=2))
+        print(f"no result of it in {RunLayout(out).results} (run it, or give --out DIR)",
+              file=sys.stderr)
+        return ExitCode.OK
+    for r in results:
+        print("\n".join(result_lines(r, out, full_trace=args.full_trace)))
+    print(f"  from: {RunLayout(out).results}")
+    print(f"  case: {cell.case}   mesh {cell.mesh} ({cell.world_size} ranks)   {cell.dtype}   "
+          f"{cell.platform}   digest {cell.digest[:12]}")
+    return ExitCode.OK
+
+
+def _not_a_cell(args: argparse.Namespace, expansion: object, exc: NotFound) -> int:
+    """Exit 3: excluded (and by what), or no such cell (with the nearest ids)."""
+    for e in getattr(expansion, "excluded", ()):
         if e.id == args.cell_id:
             print(f"{args.cell_id}: excluded by {e.reason}", file=sys.stderr)
             return ExitCode.NOTHING_SELECTED
-    near = [c.id for c in expansion.cells if c.target == key.target][:5]
-    hint = ("; cells of that target include: " + ", ".join(near)) if near else ""
+    try:
+        target = parse_cell_id(args.cell_id).target
+    except ValueError as bad:
+        if "]" in args.cell_id or "@" in args.cell_id:  # meant whole, not a prefix
+            raise UsageError(str(bad)) from None
+        target = args.cell_id.split("[", 1)[0]
+    near = [c.id for c in getattr(expansion, "cells", ()) if c.target == target][:5]
+    hint = ("; cells of that target include: " + ", ".join(near)) if near else (
+        f"; nearest: {', '.join(exc.near)}" if exc.near else "")
     print(f"no cell {args.cell_id!r} in {args.matrix}{hint}", file=sys.stderr)
     return ExitCode.NOTHING_SELECTED
 

@@ -52,12 +52,14 @@ from cpmatrix.gate._policy import DEFAULT_DRIFT_KEYS, Policy, expected_cells, lo
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.report.read import ReportError, read_report
 from cpmatrix.result import Status
+from cpmatrix.suggest import suggestion
 
 __all__ = [
     "DEFAULT_DRIFT_KEYS",
     "GateResult",
     "Policy",
     "Reason",
+    "decide",
     "evaluate",
     "expected_cells",
     "format_gate",
@@ -110,52 +112,59 @@ def format_gate(result: GateResult) -> str:
 
 def gate_main(policy: str, report: Path, baseline: Path | None, gates_file: Path,
               matrices: Sequence[Path] = ()) -> int:
-    """``cpmatrix gate``: print the reasons and the verdict; return the exit code.
+    """``cpmatrix gate``: print the reasons and the verdict; return the exit code (see
+    :func:`decide`)."""
+    try:
+        result = decide(policy, report, baseline, gates_file, matrices)
+    except (SpecError, ReportError, UsageError) as exc:
+        print(f"cpmatrix gate: error: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    print(format_gate(result))
+    return int(ExitCode.OK if result.ok else ExitCode.FAILURES)
+
+
+def decide(policy: str, report: Path, baseline: Path | None, gates_file: Path,
+           matrices: Sequence[Path] = ()) -> GateResult:
+    """The gate's verdict on ``report`` under ``policy`` of ``gates_file``.
 
     ``matrices`` (``--matrix``) replace the policy's ``matrix:`` files: the cells that
     must be present, and the sources each must have run from.
 
-    0: the gate passed; 1: it failed (reasons printed); 2: a malformed gates file, an
-    unknown policy, an unreadable report or baseline, or a report without source digests
-    where a matrix is given (one line on stderr).
+    Raises :class:`SpecError`, :class:`ReportError` or :class:`UsageError` (exit 2) for a
+    malformed gates file, an unknown policy, an unreadable report or baseline, or a report
+    without source digests where a matrix is given.
     """
     from cpmatrix.run.provenance import expanded_digests
 
+    policies = load_policies(gates_file)
+    if policy not in policies:
+        raise SpecError(os.fspath(gates_file), 0, 0, "", f"no policy {policy!r}",
+                        ", ".join(policies), suggestion(policy, policies))
+    chosen = policies[policy]
+    if matrices:
+        chosen = replace(chosen, matrices=tuple(matrices))
+    digests: dict[str, str] | None = None
     try:
-        policies = load_policies(gates_file)
-        if policy not in policies:
-            raise SpecError(os.fspath(gates_file), 0, 0, "", f"no policy {policy!r}",
-                            ", ".join(policies))
-        chosen = policies[policy]
+        expected: list[str] | None = None
+        if chosen.matrices:
+            digests = {}
+            now: list[Cell] = []
+            for path in chosen.matrices:  # one expansion each: its cells and digests
+                cells_of, digests_of = expanded_digests(path)
+                now.extend(cells_of)
+                digests.update(digests_of)
+            expected = [cid for cid, _, _ in expected_cells(chosen, now)]
+    except SpecError as exc:  # say which policy pointed at the bad matrix
         if matrices:
-            chosen = replace(chosen, matrices=tuple(matrices))
-        digests: dict[str, str] | None = None
-        try:
-            expected: list[str] | None = None
-            if chosen.matrices:
-                digests = {}
-                now: list[Cell] = []
-                for path in chosen.matrices:  # one expansion each: its cells and digests
-                    cells_of, digests_of = expanded_digests(path)
-                    now.extend(cells_of)
-                    digests.update(digests_of)
-                expected = [cid for cid, _, _ in expected_cells(chosen, now)]
-        except SpecError as exc:  # say which policy pointed at the bad matrix
-            if matrices:
-                raise  # --matrix named it: the error names the file
-            raise SpecError(os.fspath(gates_file), 0, 0, f"policies.{policy}.matrix",
-                            str(exc)) from None
-        cells = read_report(report)
-        old = read_report(baseline) if baseline is not None else None
-        if digests is not None and cells and not any(
-                c.properties.get(SOURCE_DIGEST) for c in cells):
-            raise ReportError(
-                f"{report}: no cell carries a source digest (written by a cpmatrix older "
-                "than source identities, or by another tool): it cannot be checked against "
-                f"{', '.join(map(str, chosen.matrices))}; run the cells again")
-    except (SpecError, ReportError, UsageError) as exc:
-        print(f"cpmatrix gate: error: {exc}", file=sys.stderr)
-        return int(ExitCode.USAGE)
-    result = evaluate(chosen, cells, old, expected, digests)
-    print(format_gate(result))
-    return int(ExitCode.OK if result.ok else ExitCode.FAILURES)
+            raise  # --matrix named it: the error names the file
+        raise SpecError(os.fspath(gates_file), 0, 0, f"policies.{policy}.matrix",
+                        str(exc)) from None
+    cells = read_report(report)
+    old = read_report(baseline) if baseline is not None else None
+    if digests is not None and cells and not any(
+            c.properties.get(SOURCE_DIGEST) for c in cells):
+        raise ReportError(
+            f"{report}: no cell carries a source digest (written by a cpmatrix older "
+            "than source identities, or by another tool): it cannot be checked against "
+            f"{', '.join(map(str, chosen.matrices))}; run the cells again")
+    return evaluate(chosen, cells, old, expected, digests)

@@ -6,6 +6,9 @@ Example::
     >>> reader, node = compose("[1x2, 2x2]", "m.yaml")
     >>> axis_list(reader, "mesh", node, "defaults.mesh")
     ('1x2', '2x2')
+    >>> reader, node = compose("[float32, bfloat16]", "m.yaml")  # torch's spellings
+    >>> axis_list(reader, "dtype", node, "defaults.dtype")
+    ('fp32', 'bf16')
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import yaml
 
 from cpmatrix.matrix.schema import AUTOCAST, DTYPES, LEVELS, PATHS, VALUE_RE, Mesh, Scalar
 from cpmatrix.matrix.yamlreader import SpecReader, render
+from cpmatrix.suggest import DTYPE_ALIASES, suggestion
 
 __all__ = ["axis_list", "axis_value", "where_of"]
 
@@ -43,9 +47,12 @@ def axis_value(ctx: SpecReader, axis: str, value: Scalar, node: yaml.Node, path:
         return value
     if not isinstance(value, str):
         raise ctx.error(node, path, f"expected a string for {axis}, got {value!r}")
+    if axis == "dtype" and value in DTYPE_ALIASES:  # torch's spelling: float32 is fp32
+        return DTYPE_ALIASES[value]
     vocab = {"level": LEVELS, "dtype": DTYPES, "path": PATHS}[axis]
     if value not in vocab:
-        raise ctx.error(node, path, f"unknown {axis} {value!r}", ", ".join(vocab))
+        raise ctx.error(node, path, f"unknown {axis} {value!r}", ", ".join(vocab),
+                        suggestion(value, vocab))
     return value
 
 

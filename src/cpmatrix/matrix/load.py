@@ -21,6 +21,7 @@ from typing import Final
 
 import yaml
 
+from cpmatrix.errors import SpecError
 from cpmatrix.matrix.axes import axis_list, axis_value, extra_value_text, where_of
 from cpmatrix.matrix.clauses import clause
 from cpmatrix.matrix.limits import check_ranks, check_size
@@ -477,4 +478,12 @@ def load_matrix(path: str | os.PathLike[str]) -> Matrix:
     Raises :class:`SpecError` (exit 2) for anything malformed, including a missing file.
     """
     file = os.fspath(path)
-    return parse_matrix(read_spec_text(file, "matrix"), file)
+    try:
+        text = read_spec_text(file, "matrix")
+    except SpecError as exc:
+        if not os.path.exists(file):  # say how to name another one
+            raise SpecError(file, 0, 0, "", exc.message, hint="point at a matrix with "
+                            "--matrix FILE, or matrix = \"FILE\" in [tool.cpmatrix] of "
+                            "pyproject.toml") from None
+        raise
+    return parse_matrix(text, file)

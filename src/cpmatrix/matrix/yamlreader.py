@@ -22,9 +22,53 @@ import yaml
 
 from cpmatrix.errors import SpecError
 from cpmatrix.matrix.schema import Scalar
+from cpmatrix.suggest import suggestion
 
 __all__ = ["SpecReader", "compose", "kind_of", "read_spec_text", "reject_duplicate_keys",
-           "render"]
+           "render", "yaml_problem_in_words"]
+
+
+#: PyYAML's problems, as a person would say them (PyYAML's own words in parentheses).
+_PROBLEMS: tuple[tuple[str, str], ...] = (
+    ("expected <block end>, but found '<block mapping start>'",
+     "this line's indentation matches no block above it (the keys of one mapping start "
+     "in the same column)"),
+    ("expected <block end>, but found '?'",
+     "this key is not in line with the list above it (a '- ' item and a key cannot "
+     "share a block)"),
+    ("expected <block end>", "this line's indentation does not fit its block"),
+    ("mapping values are not allowed here",
+     "a ':' where no key can start: a line indented more than its block, or a value "
+     "holding ': ' (quote it)"),
+    ("found character '\\t' that cannot start any token",
+     "a tab: YAML indents with spaces only"),
+    ("could not find expected ':'", "a key without its ':' (or a line indented wrongly)"),
+    ("expected ',' or ']'", "expected a ']' to close the '[' list (or a ',' between its "
+     "items)"),
+    ("expected ',' or '}'", "expected a '}' to close the '{' mapping (or a ',' between its "
+     "entries)"),
+    ("found unexpected end of stream", "a quote that is never closed"),
+    ("found undefined alias", "a '*name' alias with no '&name' anchor before it "
+     "(quote a value that starts with '*')"),
+    ("but found another document", "a second document ('---'): a spec file holds one"),
+)
+
+
+def yaml_problem_in_words(exc: yaml.MarkedYAMLError) -> str:
+    """What is wrong, in words, for a syntax error PyYAML reports in its own terms.
+
+    >>> try:
+    ...     yaml.SafeLoader("a:\\n  b: 1\\n c: 2\\n").get_single_node()
+    ... except yaml.MarkedYAMLError as exc:
+    ...     print(yaml_problem_in_words(exc))  # doctest: +ELLIPSIS
+    this line's indentation matches no block above it (the keys of one mapping ...)
+    """
+    problem = exc.problem or "malformed YAML"
+    raw = f"{exc.context}, {problem}" if exc.context and problem.startswith("but ") else problem
+    for pattern, words in _PROBLEMS:
+        if pattern in raw:
+            return f"{words} ({raw})"
+    return f"{raw} ({exc.context})" if exc.context and raw == problem else raw
 
 
 def compose(text: str, file: str, what: str = "matrix") -> tuple[SpecReader, yaml.Node]:
@@ -39,13 +83,8 @@ def compose(text: str, file: str, what: str = "matrix") -> tuple[SpecReader, yam
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         col = mark.column + 1 if mark else 1
-        problem = exc.problem or "malformed YAML"
-        if exc.context and problem.startswith("but "):
-            # e.g. "expected a single document in the stream, but found another document"
-            problem = f"{exc.context}, {problem}"
-        elif exc.context:
-            problem = f"{problem} ({exc.context})"
-        raise SpecError(file, line, col, "", f"YAML syntax error: {problem}") from None
+        raise SpecError(file, line, col, "",
+                        f"YAML syntax error: {yaml_problem_in_words(exc)}") from None
     except yaml.YAMLError as exc:
         raise SpecError(file, 1, 1, "", f"YAML error: {exc}") from None
     except RecursionError:
@@ -72,10 +111,11 @@ class SpecReader:
         self.mesh_nodes: dict[tuple[str, str], tuple[yaml.Node, str]] = {}
 
     def error(
-        self, node: yaml.Node, path: str, message: str, allowed: str = ""
+        self, node: yaml.Node, path: str, message: str, allowed: str = "", hint: str = ""
     ) -> SpecError:
         mark = node.start_mark
-        return SpecError(self.file, mark.line + 1, mark.column + 1, path, message, allowed)
+        return SpecError(self.file, mark.line + 1, mark.column + 1, path, message, allowed,
+                         hint)
 
     def scalar(self, node: yaml.Node, path: str) -> Scalar:
         if not isinstance(node, yaml.ScalarNode):
@@ -114,9 +154,8 @@ class SpecReader:
                 raise self.error(key_node, sub, f"duplicate key {key!r}")
             seen.add(key)
             if allowed is not None and key not in allowed:
-                raise self.error(
-                    key_node, sub, f"unknown key {key!r}", ", ".join(allowed)
-                )
+                raise self.error(key_node, sub, f"unknown key {key!r}", ", ".join(allowed),
+                                 suggestion(key, allowed))
             yield key, key_node, value_node
 
     def sequence(self, node: yaml.Node, path: str) -> list[yaml.Node]:

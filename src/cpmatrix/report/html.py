@@ -8,6 +8,9 @@ clicking pins it in a panel, and ``report.html#cell=<id>`` opens a cell directly
 runs are listed with the kill rate. A cell whose kept history (``durations.json`` beside
 the report, :mod:`cpmatrix.report.history`) both passed and failed is marked *flipped*:
 a dashed ring on its square, a line in its hover text, and a list under the totals.
+Each failure shows the line that reruns it (``cpmatrix repro ...``) and its time; the
+run's worlds and slowest cells, and each target's duration and flake history as inline
+SVG, close the page (:mod:`cpmatrix.report.html_timing`).
 All text from the report is escaped.
 
 Example::
@@ -34,6 +37,7 @@ from cpmatrix.matrix.schema import DTYPES, LEVELS
 from cpmatrix.report.history import CellHistory, load_run_history
 from cpmatrix.report.html_assets import CSS as _CSS
 from cpmatrix.report.html_assets import JS as _JS
+from cpmatrix.report.html_timing import history_section, read_timings, timings_section
 from cpmatrix.report.read import ReportCell, ReportError, read_report
 from cpmatrix.result import Status
 
@@ -87,14 +91,20 @@ def evidence_lines(cell: ReportCell) -> list[str]:
     ...     "evidence.parity.max_abs": "3e-08", "evidence.parity.atol": "1e-07"})
     >>> evidence_lines(c)
     ['parity.max_abs = 3e-08  (atol 1e-07)']
+    >>> evidence_lines(ReportCell(name="x", status=Status.FAILED, properties={
+    ...     "evidence.max_abs_err@rank1": "1.0", "evidence.atol": "1e-07"}))
+    ['max_abs_err@rank1 = 1  (atol 1e-07)']
     """
     ev = cell.evidence
     lines: list[str] = []
     for key in ev:
-        label, _, leaf = key.rpartition(".")
+        # A failed cell's values are labelled by rank (``max_abs@rank1``): the same pairs.
+        base, at, rank = key.partition("@rank")
+        label, _, leaf = base.rpartition(".")
         for err, tol in _ERROR_PAIRS:
             if leaf == err:
                 tol_key = f"{label}.{tol}" if label else tol
+                tol_key = tol_key if tol_key in ev else f"{tol_key}{at}{rank}"
                 tol_text = f"  ({tol} {_short(ev[tol_key])})" if tol_key in ev else ""
                 lines.append(f"{key} = {_short(ev[key])}{tol_text}")
     if any(k in ev for k in _SPILL_KEYS[:2]):
@@ -231,11 +241,16 @@ def _failures(runs: Sequence[ReportCell]) -> str:
         lines = evidence_lines(c)
         ev = f'<div class="ev">{"<br>".join(_e(x) for x in lines)}</div>' if lines else ""
         head = c.headline or c.properties.get("message", "") or c.status.value
+        repro = c.properties.get("repro", "")
+        line = (f'<div class="repro" title="reruns this cell alone">$ <code>{_e(repro)}</code>'
+                "</div>") if repro else ""
+        took = c.properties.get("duration", "")
         out.append(
             f'<details class="failure" data-status="{c.status.value}" id="f-{_e(c.name)}">'
             f'<summary><span class="badge" data-status="{c.status.value}">'
             f"{_e(c.status.value)}</span> <code>{_e(c.name)}</code>"
-            f'<div class="head">{_e(head)}</div></summary>{ev}'
+            + (f' <span class="took">{_e(took)} s</span>' if took else "")
+            + f'<div class="head">{_e(head)}</div>{line}</summary>{ev}'
             f"<pre>{_e(c.text or head)}</pre></details>")
     if skipped:
         items = "".join(f"<li><code>{_e(c.name)}</code> {_e(c.headline)}</li>" for c in skipped)
@@ -327,11 +342,13 @@ def _flipped(cells: Sequence[ReportCell], flips: Mapping[str, str]) -> str:
 
 
 def render_html(cells: Sequence[ReportCell], source: str = "",
-                history: Mapping[str, CellHistory] | None = None) -> str:
+                history: Mapping[str, CellHistory] | None = None,
+                jobs: Sequence[Mapping[str, Any]] = ()) -> str:
     """The page for a report's cells (mutant runs are told apart by their name).
 
     ``source``: the report's path, shown under the title; ``history``: the cells' recorded
-    runs (those that flipped are marked).
+    runs (those that flipped are marked; each target's plotted); ``jobs``: the run's
+    worlds and their timings (:mod:`cpmatrix.report.html_timing`).
     """
     flips = {c: line for c, h in (history or {}).items() if (line := h.flip_summary())}
     title = "cpmatrix report"
@@ -361,7 +378,8 @@ def render_html(cells: Sequence[ReportCell], source: str = "",
         '<span class="hint">one square per cell, a row per dtype; <b>a</b> autocast on, '
         "<b>k</b> kernel path; hover for evidence, click to pin</span></p>"
         f'{_grid(plain, mutants, flips)}<aside id="detail" hidden></aside></section>'
-        f"{_mutants(runs)}</main>"
+        f"{_mutants(runs)}{timings_section(plain, jobs)}{history_section(history or {})}"
+        "</main>"
         f'<script type="application/json" id="cpm-data">{_data(plain, mutants)}</script>'
         f"<script>{_JS}</script></body></html>"
     )
@@ -374,7 +392,8 @@ def write_html(report: Path, out: Path) -> None:
     """
     # The history beside the report (a run's or a merge's --out); none is no mark.
     history = load_run_history(report.parent)
-    page = render_html(read_report(report), source=os.fspath(report), history=history)
+    page = render_html(read_report(report), source=os.fspath(report), history=history,
+                       jobs=read_timings(report.parent))
     atomic_write_bytes(os.fspath(out), page.encode("utf-8"))
 
 

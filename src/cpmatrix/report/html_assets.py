@@ -83,6 +83,13 @@ table.mut{border-collapse:collapse;width:100%}
 .mut td,.mut th{text-align:left;padding:3px 8px;border-bottom:1px solid #eaeef2;font-size:13px}
 .mut tr[data-outcome=survived] td{background:#fff4e6}
 .kills summary{cursor:pointer;color:#57606a;margin-top:8px}
+.repro{margin-top:4px;font-size:12px;color:#57606a;user-select:all}
+.repro code{background:#f6f8fa;padding:1px 4px;border-radius:4px}
+.took{color:#57606a;font-size:12px}
+table.times{border-collapse:collapse;margin:8px 0 16px;background:#fff}
+table.times th,table.times td{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
+table.times td.num{text-align:right;font-variant-numeric:tabular-nums}
+svg.hist{display:block}
 """
 
 # Builds the click panel from the JSON block with textContent only (no HTML from data), and

@@ -88,6 +88,8 @@ def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
                   for i, line in enumerate(result.run_failures, 1)]
     if result.message:
         props.append(("message", result.message[:500]))
+    if result.repro:  # the line that reruns the cell alone, to paste into a shell
+        props.append(("repro", result.repro))
     # What the result was computed from: the gate checks source.digest against the
     # matrix, a merge compares them between folders.
     for key, value in result.source.items():
@@ -99,6 +101,8 @@ def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
 
 def _failure_text(result: Result) -> str:
     parts: list[str] = []
+    if result.repro:
+        parts.append(f"repro: {result.repro}")
     if result.message:
         parts.append(result.message)
     parts += [f"--- {line}" for line in result.run_failures]

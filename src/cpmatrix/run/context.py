@@ -60,3 +60,6 @@ class RunContext:
     order: str = ""
     #: ``--profile``: the ranks print each cell's timings (``WorldSpec.profile``).
     profile: bool = False
+    #: The flags a failing cell's repro line carries after its id (``--matrix F`` where
+    #: the project's table does not name it); None: no repro line (the pytest front).
+    repro: tuple[str, ...] | None = None

@@ -153,13 +153,22 @@ class RunOptions:
         "fails them all fails; the result cache is off (default: %(default)s)",
         metavar="N", type=int))
 
+    maxfail: int = field(default=0, metadata=_flag(
+        "--maxfail", "stop after N cells did not pass (-x: after the first); the cells not "
+        "run are reported skipped, saying why (default: run them all)", metavar="N",
+        type=int))
+    failed_first: bool = field(default=False, metadata=_flag(
+        "--failed-first", "run the cells that failed in --out's last recorded run first "
+        "(then the rest, in matrix order), as pytest's --ff", action="store_true"))
+
     shard: str | None = field(default=None, metadata=_flag(
         "--shard", "run only the K-th of N time-balanced shards of the selection (CI job "
         "matrices; merge the shards' --out folders with `cpmatrix merge`)", metavar="K/N"))
     durations: str | None = field(default=None, metadata=_flag(
         "--durations", "recorded durations to balance shards and Slurm jobs by: an earlier "
-        "run's durations.json, e.g. the last release's (default: the one in --out)",
-        metavar="FILE"))
+        "run's durations.json, e.g. the last release's (default: the one in --out); or N "
+        "(a number): list the N slowest cells at the end, as pytest's --durations N "
+        "(0: all)", metavar="FILE|N"))
     scheduler: SchedulerName = field(default="host", metadata=_flag(
         "--scheduler", "where worlds run: host (this machine) or slurm (each world a "
         "Slurm job started with srun; --out must be on a filesystem the nodes share) "
@@ -183,6 +192,8 @@ class RunOptions:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.jobs < 1:
             raise UsageError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.maxfail < 0:
+            raise UsageError(f"--maxfail must be >= 0, got {self.maxfail}")
         if self.runs_per_test < 1:
             raise UsageError(f"--runs-per-test must be >= 1, got {self.runs_per_test}")
         if self.runs_per_test > 1 and self.mutants:

@@ -29,17 +29,26 @@ from __future__ import annotations
 
 import random
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from cpmatrix.errors import UsageError
+from cpmatrix.report.history import CellHistory
 
-__all__ = ["ORDERS", "Order", "arrange", "parse_order"]
+__all__ = ["ORDERS", "Order", "arrange", "failed_first", "parse_order"]
 
 #: The orders ``--order`` takes (``random`` with an optional ``:SEED``).
 ORDERS: Final = ("matrix", "reverse", "random")
 T = TypeVar("T")
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+C = TypeVar("C", bound=_HasId)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,26 @@ def parse_order(text: str) -> Order:
     if not seed.isdigit():
         raise UsageError(f"--order {text!r}: the seed must be an integer >= 0, got {seed!r}")
     return Order(kind, int(seed))
+
+
+def failed_first(cells: Sequence[C], histories: Mapping[str, CellHistory]
+                 ) -> tuple[list[C], int]:
+    """``--failed-first``: the cells whose last recorded run did not pass, then the rest,
+    each group in the order given; and how many came first.
+
+    >>> from cpmatrix.report.history import RunRecord
+    >>> class C(str):
+    ...     id = property(str.__str__)
+    >>> h = {"b": CellHistory(runs=(RunRecord(1.0, "failed", 1.0),))}
+    >>> failed_first([C("a"), C("b"), C("c")], h)
+    (['b', 'a', 'c'], 1)
+    """
+    def failed(cell: C) -> bool:
+        history = histories.get(cell.id)
+        return bool(history and history.runs and not history.runs[-1].passed)
+
+    first = [c for c in cells if failed(c)]
+    return first + [c for c in cells if not failed(c)], len(first)
 
 
 def arrange(items: Sequence[T], order: Order) -> list[T]:

@@ -26,13 +26,14 @@ from typing import Protocol
 
 from cpmatrix.errors import ExitCode
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
+from cpmatrix.report.history import load_run_history
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import plan_all
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.ordering import Order, arrange, parse_order
+from cpmatrix.run.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim, claim_out
 from cpmatrix.run.provenance import cell_digests, run_source
@@ -67,6 +68,9 @@ class Hooks(Protocol):
     def summary(self, report: RunReport, out: Path) -> None:
         """The run's summary, after its report and cache lines."""
 
+    def launched(self, name: str, what: str, cells: int) -> None:
+        """A job (``what``: a world, the spill compiler) started for ``cells`` cells."""
+
 
 @dataclass(frozen=True)
 class Chosen:
@@ -76,6 +80,8 @@ class Chosen:
     cells: list[Cell]
     #: What to say when ``cells`` is empty (exit 3).
     nothing: str = ""
+    #: The flags a failing cell's repro line carries after its id (None: no line).
+    repro: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
         prepared = prepare_run(options, chosen.matrix, narrowed.cells, claim,
                                keys=narrowed.keys, selection=narrowed.selection,
                                order=str(narrowed.order or ""), scheduler=scheduler)
+        prepared.context = replace(prepared.context, repro=chosen.repro)
         report, stopped = _run_prepared(options, prepared, scheduler, recorded, hooks)
     return _exit_code(report, stopped, prepared, hooks)
 
@@ -155,6 +162,9 @@ def _narrow(options: RunOptions, chosen: Chosen, recorded: Recorded, claim: OutC
     if order is not None:
         cells = arrange(cells, order)
         hooks.say(f"order: {order} (--order {order} runs this order again)")
+    if options.failed_first:
+        cells, failed = failed_first(cells, load_run_history(recorded.out))
+        hooks.say(f"failed first: {failed} cells that failed in the last recorded run")
     return _Narrowed(cells=cells, selection=selection, keys=keys, order=order)
 
 
@@ -187,7 +197,8 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
             report = run_cells(prepared.cells, prepared.platforms, scheduling.context,
                                plan=options.planning, pool=scheduling.pool, known=known,
                                watch=Watch(on_start=hooks.start, on_result=hooks.result,
-                                           stopper=stopper))
+                                           on_launch=hooks.launched, stopper=stopper,
+                                           maxfail=options.maxfail))
         finally:
             hooks.done()
         _finish(recorded.out, prepared, report, hooks)
@@ -292,31 +303,33 @@ class ReproHooks(Protocol):
         """While the cell runs (its worlds' logs grow under ``out / "worlds"``)."""
 
 
-def reproduce(options: RunOptions, matrix: Matrix, cell: Cell, *, mutant: str,
+def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mutant: str,
               hooks: ReproHooks) -> Reproduced:
-    """Rerun exactly ``cell`` (with ``mutant``: then once with it switched on), with the
-    setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never cached."""
+    """Rerun exactly ``cells`` (one cell with ``mutant``: then once with it switched on),
+    with the setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never
+    cached, in one world here."""
     scheduler = scheduler_for(options)
     with _claimed(options) as claim:
-        prepared = prepare_run(options, matrix, [cell], claim, scheduler=scheduler)
-        if not prepared.cells:
-            (_, why), = prepared.skipped
+        prepared = prepare_run(options, matrix, list(cells), claim, scheduler=scheduler)
+        for cell, why in prepared.skipped:
             hooks.warn(f"{cell.id}: cannot run here: {why}")
+        if not prepared.cells:
             return Reproduced(report=None, code=ExitCode.USAGE)
         hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
         hooks.ready(prepared.runner.name)
         # the unmutated cell first: a mutant is judged only against a green cell
-        mutants = {cell.id: ["", mutant]} if mutant else None
+        mutants = {cells[0].id: ["", mutant]} if mutant else None
         with hooks.watching(claim.path), stop_on_signals() as stopper:
-            # One world, here, whatever the options' scheduler: repro reruns one cell.
-            report = run_cells([cell], prepared.platforms, prepared.context,
+            # One world, here, whatever the options' scheduler: repro reruns its cells.
+            report = run_cells(prepared.cells, prepared.platforms, prepared.context,
                                pool=JobPool(devices=prepared.devices),
                                known=Known(mutants=mutants), watch=Watch(stopper=stopper))
     if report.stopped_by is not None:
         return Reproduced(report=report, code=exit_code_for(report.stopped_by))
     result = list(report.results.values())[-1]  # the mutant run, with --mutant
+    ok = all(r.status.ok for r in report.results.values())
     return Reproduced(report=report, result=result,
-                      code=ExitCode.OK if result.status.ok else ExitCode.FAILURES)
+                      code=ExitCode.OK if ok else ExitCode.FAILURES)
 
 
 def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,

@@ -47,6 +47,7 @@ from cpmatrix.report.history import (
     with_runs,
 )
 from cpmatrix.report.junit import write_run_junit
+from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -111,10 +112,19 @@ class Known:
 
 @dataclass(frozen=True, kw_only=True)
 class Watch:
-    """Who hears of the run: the total when it starts, each result; the stopper."""
+    """Who hears of the run: the total when it starts, each result, each job launched
+    (its name and what it is); the stopper; ``maxfail`` (``-x``/``--maxfail N``): after
+    that many cells did not pass, the rest is not run (reported ``skipped``, saying so).
+    """
     on_start: Callable[[int], None] | None = None
     on_result: Callable[[Entry, Result], None] | None = None
+    on_launch: Callable[[str, str, int], None] | None = None
     stopper: Stopper | None = None
+    maxfail: int = 0
+
+
+class _MaxFail(Exception):
+    """``maxfail`` cells did not pass: the run stops (not an error: exit 1 as usual)."""
 
 
 #: One job at a time, nothing known, nobody watching: a plain run's sections.
@@ -149,6 +159,7 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     context = replace(context, durations=planning)
     session = _Session(context, platforms, pool=pool, store=known.store,
                        on_result=watch.on_result)
+    session.watch = watch
     hits = _plan_session(session, cells, plan, known, pool)
     if watch.on_start is not None:
         watch.on_start(len(session.planned) + len(hits))
@@ -175,6 +186,8 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
                     run_id=context.run_id,
                     properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(layout.results, [r.to_dict() for r in ordered.values()])
+    atomic_write_json(layout.timings, {"wall_s": round(time.monotonic() - session.t0, 3),
+                                       "jobs": list(session.times.values())})
     save_run_history(out, runs_history)
     if internal is not None:
         raise internal
@@ -219,6 +232,8 @@ def _drive(session: _Session, stopper: Stopper | None
     subreaper = set_child_subreaper(True)
     try:
         session.run_jobs()
+    except _MaxFail:
+        pass  # the unfinished cells are closed below, saying why
     except StopRequested as exc:
         stopped_by = exc.signum
     except KeyboardInterrupt:  # a SIGINT outside stop_on_signals (e.g. a direct caller)
@@ -262,6 +277,14 @@ class _Session:
         #: Mutant results waiting for their unmutated cell's result, by cell id.
         self.pending: dict[str, list[tuple[str, Entry, Result]]] = {}
         self._planned_keys: set[str] = set()
+        self.watch = _UNWATCHED
+        #: Cells that did not pass so far, and whether ``maxfail`` stopped the run.
+        self.not_passed = 0
+        self.stopped_early = False
+        #: Job name -> what it is, its cells, when (s into the run) it started, first
+        #: returned a result and ended (``timings.json``).
+        self.times: dict[str, dict[str, object]] = {}
+        self.closing = False
 
     @property
     def starts(self) -> int:
@@ -271,10 +294,20 @@ class _Session:
         source = self.context.sources.get(entry.cell.id)
         if source is not None:  # what this run computed it from (a cached pass too)
             result = replace(result, source=dict(source))
+        if not result.status.ok and result.status is not Status.SKIPPED \
+                and self.context.repro is not None:
+            result = replace(result, repro=repro_command(entry.cell.id, entry.mutant,
+                                                         self.context.repro))
         self.results[entry.key] = result
         self.by_batch.setdefault(batch, []).append(entry.key)
         if notify and self.on_result is not None:
             self.on_result(entry, result)
+        if notify and not result.status.ok and result.status is not Status.SKIPPED:
+            self.not_passed += 1
+            if self.watch.maxfail and self.not_passed >= self.watch.maxfail \
+                    and not (self.stopped_early or self.closing):
+                self.stopped_early = True
+                raise _MaxFail
 
     def finish(self, item: _Item, entry: Entry, result: Result) -> None:
         """Take a result: mutant scoring, crash retry (FLAKY or FAILED), the cache."""
@@ -329,8 +362,10 @@ class _Session:
             still: list[tuple[_Item, Job]] = []
             for item, job in self.active:
                 for entry, result in job.poll():
+                    self.times.get(job.name, {}).setdefault("first_result_s", self._now())
                     self.finish(item, entry, result)
                 if job.finished:
+                    self.times.get(job.name, {}).setdefault("ended_s", self._now())
                     self._after_job(item, job)
                 else:
                     still.append((item, job))
@@ -357,6 +392,10 @@ class _Session:
         if self.wrap_job is not None:
             job = self.wrap_job(job)
         job.start()
+        self.times[name] = {"name": name, "what": item.executor.noun,
+                            "cells": len(item.entries), "started_s": self._now()}
+        if self.watch.on_launch is not None:
+            self.watch.on_launch(name, item.executor.noun, len(item.entries))
         self.jobs_started[item.executor.name] = self.jobs_started.get(item.executor.name, 0) + 1
         self.active.append((item, job))
         return True
@@ -402,16 +441,27 @@ class _Session:
     def kill_jobs(self) -> None:
         for _, job in self.active:
             job.kill()
+            self.times.get(job.name, {}).setdefault("ended_s", self._now())
         self.active = []
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
 
     def close_unfinished(self, stopped_by: int | None, internal: BaseException | None) -> None:
         """Every planned entry ends as exactly one result, whatever stopped the run; a
         mutant run that finished before its unmutated cell is then NOT JUDGED."""
+        self.closing = True
         waiting = {e.key for runs in self.pending.values() for _, e, _ in runs}
         for entry in self.planned:
             if entry.key in self.results or entry.key in waiting:
                 continue
-            if stopped_by is not None:
+            if self.stopped_early:
+                n = self.watch.maxfail
+                why = "the first failure (-x)" if n == 1 else f"{n} failures (--maxfail {n})"
+                result = Result(cell_id=entry.cell.id, status=Status.SKIPPED,
+                                mutant=entry.mutant, out_dir=entry.out_dir,
+                                message=f"not run: the run stopped after {why}")
+            elif stopped_by is not None:
                 result = Result(
                     cell_id=entry.cell.id, status=Status.INTERRUPTED, mutant=entry.mutant,
                     out_dir=entry.out_dir, message=f"interrupted: the run was stopped "

@@ -129,7 +129,7 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
     serial = options.pack == "serial" or options.keep_order
     # --order: the cells come in that order, which is their priority (run/ordering.py).
     return PackSpec(serial=serial, ranks=tuple(ranks), whole=tuple(whole),
-                    ordered=options.order is not None)
+                    ordered=options.order is not None or options.failed_first)
 
 
 def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,

@@ -117,24 +117,39 @@ def split_errors(errors: Sequence[Outcome], *, peer_died: bool,
     return sorted(primary, key=lambda o: o.rank), sorted(collateral, key=lambda o: o.rank)
 
 
-def merge_evidence(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One value per key when all ranks agree; else ``key@rankN`` per differing rank."""
+def merge_evidence(per_rank: Sequence[dict[str, Any]], *, ranks: Sequence[int] | None = None,
+                   failing: Sequence[int] = ()) -> dict[str, Any]:
+    """One value per key when all ranks agree; else ``key@rankN`` per differing rank.
+
+    ``ranks``: the rank of each entry (default 0, 1, ...). A failed cell (``failing``
+    ranks given) labels every value the ranks do not all share, failing ranks first: a
+    passing rank's number never stands unlabelled for the cell.
+
+    >>> merge_evidence([{"err": 0.0}, {"err": 1.0}], failing=[1])
+    {'err@rank1': 1.0, 'err@rank0': 0.0}
+    """
+    numbers = list(ranks) if ranks is not None else list(range(len(per_rank)))
     merged: dict[str, Any] = {}
     keys: list[str] = []
     for ev in per_rank:
         for k in ev:
             if k not in keys:
                 keys.append(k)
+    order = sorted(range(len(numbers)), key=lambda i: numbers[i] not in failing)
     for k in keys:
         values = [ev.get(k) for ev in per_rank]
         present = [v for v in values if v is not None]
         if all(v == present[0] for v in present) and len(present) == len(values):
             merged[k] = present[0]
+        elif failing:
+            for i in order:
+                if values[i] is not None:
+                    merged[f"{k}@rank{numbers[i]}"] = values[i]
         else:
             if values[0] is not None:
                 merged[k] = values[0]
-            for r, v in enumerate(values):
-                if v is not None and (r > 0 and v != values[0]):
+            for r, v in zip(numbers, values, strict=True):
+                if v is not None and (r != numbers[0] and v != values[0]):
                     merged[f"{k}@rank{r}"] = v
     return merged
 
@@ -144,7 +159,9 @@ def result_from_outcomes(entry: Entry, outcomes: Sequence[Outcome], *,
                          peer_died: bool = False) -> Result:
     """The cell's result from the outcomes its ranks wrote (every rank, or those that did)."""
     errors = [o for o in outcomes if not o.ok]
-    evidence = merge_evidence([o.evidence for o in sorted(outcomes, key=lambda o: o.rank)])
+    ordered = sorted(outcomes, key=lambda o: o.rank)
+    evidence = merge_evidence([o.evidence for o in ordered], ranks=[o.rank for o in ordered],
+                              failing=[o.rank for o in errors])
     duration = max(o.duration_s for o in outcomes)
     case_s = max(o.case_s for o in outcomes)
     if not errors:
