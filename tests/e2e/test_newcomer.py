@@ -45,9 +45,10 @@ class Session:
     root: Path
     steps: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
 
-    def cli(self, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    def cli(self, name: str, *args: str, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
         assert "--matrix" not in args  # the project's table names it
-        proc = run_cli(*args, cwd=self.root, timeout=600)
+        proc = run_cli(*args, cwd=cwd or self.root, timeout=600)
         self.steps[name] = proc
         return proc
 
@@ -79,7 +80,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
                   if ln.strip().startswith("repro: ") and CELL in ln)
     words = shlex.split(pasted)
     assert words[:2] == ["cpmatrix", "repro"]
-    s.cli("pasted", *words[1:])
+    s.cli("pasted", *words[1:], cwd=s.root / "tests")  # pasted in a subfolder of the project
     s.cli("failed", "repro", "--failed")
     s.cli("show", "show", "allreduce_sum[unit,2x2,fp64")
     s.cli("show-json", "show", "allreduce_sum[unit,2x2,fp64", "--json")

@@ -89,27 +89,26 @@ def _slowest(args: argparse.Namespace) -> int | None:
 
 
 def repro_flags(args: argparse.Namespace) -> tuple[str, ...]:
-    """The flags a failing cell's repro line needs besides its id: ``--matrix`` where the
-    project's table does not name this one, and the runner, launcher or interpreter where
-    they differ from repro's defaults here."""
+    """The flags a failing cell's repro line needs besides its id, each one that works from
+    any folder: ``--matrix`` (absolute) where the project's table does not name this one
+    (where it does, the line leaves it out: pasted anywhere in the project, the table is
+    found again), and the runner, launcher or interpreter (absolute) where they differ
+    from repro's defaults here."""
     flags: list[str] = []
     config = getattr(args, "config", None)
     if args.matrix and (config is None or config.get("matrix") != args.matrix):
-        flags += ["--matrix", _shown_path(args.matrix)]
+        flags += ["--matrix", os.path.abspath(args.matrix)]
     defaults = args.parsers.get("repro") if hasattr(args, "parsers") else None
     for dest, flag in (("runner", "--runner"), ("launcher", "--launcher"),
                        ("python", "--python")):
         value = getattr(args, dest, None)
         default = defaults.get_default(dest) if defaults is not None else None
         if value is not None and value != default:
-            flags += [flag, str(value)]
+            text = str(value)
+            if dest == "python" and os.sep in text:  # a path, not a name on PATH
+                text = os.path.abspath(os.path.expanduser(text))
+            flags += [flag, text]
     return tuple(flags)
-
-
-def _shown_path(path: str) -> str:
-    """A path as short as it can be from here (relative below the working folder)."""
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else path
 
 
 def run(args: argparse.Namespace) -> int:
