@@ -2,7 +2,7 @@
 
 One module-scoped pair of runs of a three-cell matrix (tests/resources/flaky.yaml: a
 stable cell, a planted flake failing every third run, a broken cell) serves every check:
-run A with ``--runs-per-test 5`` (and an old-form ``--durations`` baseline), run B a
+run A with ``--runs-per-test 5`` (and an old-form ``--durations-from`` baseline), run B a
 plain run of the stable cell (the control: its cache is written, its seed is run 1's).
 """
 
@@ -48,7 +48,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     baseline.write_text(json.dumps({GONE: 9.0, STABLE: 0.5}))
     a = run_cli("run", "--matrix", str(MATRIX), "--runs-per-test", str(RUNS), "--plain",
                 "--out", str(root / "a"), "--cache-dir", str(root / "cache-a"),
-                "--durations", str(baseline))
+                "--durations-from", str(baseline))
     b = run_cli("run", "--matrix", str(MATRIX), "-k", "stable", "--plain",
                 "--out", str(root / "b"), "--cache-dir", str(root / "cache-b"))
     assert b.returncode == 0, b.stdout + b.stderr
@@ -144,9 +144,9 @@ def test_show_history(runs: Runs) -> None:
             "4 passed, 1 failed of the last 5 runs (flake rate 20%)") in lines
     assert [ln.split()[3] for ln in lines if ln.endswith(" s") and " UTC " in ln] == [
         "passed", "passed", "failed", "passed", "passed"]
-    broken = run_cli("show", BROKEN, "--history", "--durations",
+    broken = run_cli("show", BROKEN, "--history", "--durations-from",
                      str(runs.a / "durations.json"), "--json")
-    data = json.loads(broken.stdout)
+    data = json.loads(broken.stdout)["history"]
     assert (data["passed"], data["failed"], data["flipped"], data["duration_s"]) == (
         0, 5, False, None)
     old = run_cli("show", GONE, "--history", "--out", str(runs.a))
@@ -160,15 +160,19 @@ def test_show_history(runs: Runs) -> None:
     (["show", "flaky[unit]@cpu", "--history"], 2, "error: malformed cell id"),
     (["show", FLAKY, "--history", "--out", "{root}/nowhere"], 2,
      "error: --history: no {root}/nowhere/durations.json"),
-    (["show", FLAKY, "--history", "--durations", "{root}/baseline.json", "--out", "{a}"], 2,
+    (["show", FLAKY, "--history", "--durations-from", "{root}/baseline.json", "--out",
+      "{a}"], 2,
      "not allowed with argument"),
-    (["show", FLAKY, "--durations", "{root}/baseline.json"], 2,
-     "error: --durations goes with --history"),
-], ids=["unknown-cell", "malformed-id", "no-file", "two-sources", "durations-without-history"])
+    (["show", FLAKY, "--durations-from", "{root}/baseline.json"], 2,
+     "error: --durations-from goes with --history"),
+    (["show", FLAKY, "--history", "--durations", "{root}/baseline.json"], 2,
+     "--durations: is now --durations-from {root}/baseline.json"),
+], ids=["unknown-cell", "malformed-id", "no-file", "two-sources", "durations-without-history",
+        "old-spelling"])
 def test_show_history_errors(runs: Runs, argv: list[str], rc: int, message: str) -> None:
     fill = {"a": str(runs.a), "root": str(runs.root)}
     argv = [a.format(**fill) for a in argv]
-    if "--out" not in argv and "--durations" not in argv and "--history" in argv:
+    if "--out" not in argv and "--durations-from" not in argv and "--history" in argv:
         argv += ["--out", str(runs.a)]
     proc = run_cli(*argv)
     assert proc.returncode == rc, proc.stdout + proc.stderr
@@ -179,7 +183,7 @@ def test_show_history_errors(runs: Runs, argv: list[str], rc: int, message: str)
 def test_show_history_of_a_damaged_file(runs: Runs) -> None:
     bad = runs.root / "bad.json"
     bad.write_text(json.dumps({FLAKY: {"duration_s": 1.0, "runs": [{"at": "yesterday"}]}}))
-    proc = run_cli("show", FLAKY, "--history", "--durations", str(bad))
+    proc = run_cli("show", FLAKY, "--history", "--durations-from", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: --history: {bad}: {FLAKY}: runs[0] must be"), \
         proc.stderr

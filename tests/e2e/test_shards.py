@@ -26,7 +26,7 @@ def test_shards_merge_into_the_unsharded_report_and_pass_the_gate(tmp_path: Path
     shards = [tmp_path / f"s{k}" for k in (1, 2)]
     for k, out in enumerate(shards, 1):
         # The last release's durations balance the shards (the CI templates pass them).
-        _shard(k, 2, out, "--durations", str(whole / "durations.json"))
+        _shard(k, 2, out, "--durations-from", str(whole / "durations.json"))
     owned = [json.loads((s / "shard.json").read_text())["partition"][k]
              for k, s in enumerate(shards)]
     assert [sorted(r["cell_id"] for r in json.loads((s / "results.json").read_text()))
@@ -100,7 +100,7 @@ def test_slurm_dry_run_prints_the_slots_and_the_makespan(tmp_path: Path) -> None
            .stdout.splitlines() if c.endswith("@cpu")]
     durations.write_text(json.dumps({c: float(i + 1) for i, c in enumerate(sorted(ids))}))
     proc = run_cli("run", "--matrix", MATRIX, "--scheduler", "slurm", "--max-jobs", "2",
-                   "--batch-size", "1", "--durations", str(durations), "--dry-run")
+                   "--batch-size", "1", "--durations-from", str(durations), "--dry-run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Weights 4, 3, 2, 1 (by id order) on 2 slots: {4, 1} and {3, 2}, makespan 5.
     assert "slurm: 4 jobs (one per world) on 2 slots (--max-jobs 2); expected makespan " \
@@ -116,7 +116,7 @@ def test_slurm_splits_a_platform_into_a_job_per_minute_of_work(tmp_path: Path) -
     def jobs(seconds: float, max_jobs: int) -> str:
         durations.write_text(json.dumps({c: seconds for c in ids}))
         proc = run_cli("run", "--matrix", MATRIX, "--scheduler", "slurm", "--max-jobs",
-                       str(max_jobs), "--durations", str(durations), "--dry-run")
+                       str(max_jobs), "--durations-from", str(durations), "--dry-run")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return next(ln for ln in proc.stdout.splitlines() if ln.startswith("slurm: "))
 

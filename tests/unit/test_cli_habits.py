@@ -10,6 +10,7 @@ import pytest
 
 from cpmatrix import __version__
 from cpmatrix.cli import COMMANDS, build_parser, main
+from cpmatrix.errors import UsageError
 
 CASES = "def f(cell):\n    pass\n\ndef g(cell):\n    pass\n"
 MATRIX = """\
@@ -169,3 +170,18 @@ def test_a_case_module_that_does_not_parse_is_located(
     rc, _, err = cli(capsys, "list", "--matrix", str(path))
     assert rc == 2
     assert f"case module {tmp_path / 'cases.py'}:2: syntax error" in err, err
+
+
+def test_durations_is_the_slowest_count_and_a_file_is_durations_from(
+        tmp_path: Path) -> None:
+    parsers = build_parser(cwd=tmp_path).parse_args(["config"]).parsers
+    run = parsers["run"]
+    args = run.parse_args(["--durations", "5", "--durations-from", "last/durations.json"])
+    assert args.durations == 5
+    assert args.durations_from == "last/durations.json"
+    for command in ("run", "spill"):
+        with pytest.raises(UsageError, match=r"--durations-from FILE"):
+            parsers[command].parse_args(["--durations", "last/durations.json"])
+    with pytest.raises(UsageError, match=r"is now --durations-from x.json"):
+        parsers["show"].parse_args(["CELL", "--history", "--durations", "x.json"])
+    assert "--durations-from" in run.format_help()

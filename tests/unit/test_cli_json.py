@@ -49,9 +49,13 @@ def docs(tmp_path: Path) -> dict[str, dict[str, Any]]:
         "run-nothing": run_doc(3, None, tmp_path, ["nothing selected"]),
         "run-usage": error_doc("run", 2, "no matrix"),
         "gate": gate_doc(0, gate, []),
-        "gate-usage": gate_doc(2, None, ["no policy 'x'"]),
+        "gate-usage": error_doc("gate", 2, "no policy 'x'"),
         "show": show_doc(0, {"id": FAILED.cell_id}, FAILED, tmp_path / "results.json", []),
         "show-none": show_doc(0, {"id": PASSED.cell_id}, None, None, ["no result"]),
+        "show-history": show_doc(0, None, None, None, [], history={
+            "cell_id": "c", "duration_s": None, "passed": 0, "failed": 1, "flipped": False,
+            "flake_rate": 0.0, "runs": [{"at": 1.0, "outcome": "failed", "duration_s": 2.0}]}),
+        "show-nothing": show_doc(3, None, None, None, ["no cell 'x'"]),
         "merge": merge_doc(1, tmp_path, [tmp_path / "a"], MergeSummary(
             cells=2, missing=("m",), duplicates=(), warnings=()), 1, []),
     }
@@ -76,8 +80,16 @@ def test_every_document_validates_against_the_schema(tmp_path: Path) -> None:
     ("gate", lambda d: d["reasons"].append({"check": "x"})),
     ("show", lambda d: d.update(command="run")),
     ("merge", lambda d: d.update(schema_version=2)),
+    ("run", lambda d: d.pop("cells")),
+    ("gate", lambda d: d["mutants"].update(extra=1)),
+    ("show", lambda d: d.pop("history")),
+    ("run-usage", lambda d: d.update(exit_code=0)),
+    ("run-usage", lambda d: d.update(errors=[])),
+    ("run-usage", lambda d: d.update(out="x")),
+    ("gate-usage", lambda d: d.update(ok=True)),
 ], ids=["no-exit-code", "no-repro", "bad-status", "extra-key", "bad-reason", "wrong-command",
-        "version"])
+        "version", "run-without-cells", "mutants-extra", "show-without-history",
+        "error-exit-0", "error-without-why", "error-with-run-fields", "error-ok"])
 def test_the_schema_refuses_a_broken_document(tmp_path: Path, name: str,
                                               break_it: Any) -> None:
     doc = copy.deepcopy(json.loads(json.dumps(docs(tmp_path)[name], default=str)))

@@ -35,6 +35,7 @@ from cpmatrix.cli import (
 )
 from cpmatrix.cli.common import Parser
 from cpmatrix.cli.config import apply_config, find_table, load_config
+from cpmatrix.cli.json_out import JSON_COMMANDS, emit, emitted, error_doc
 from cpmatrix.errors import ExitCode, SpecError, UsageError
 from cpmatrix.suggest import did_you_mean
 
@@ -93,23 +94,44 @@ def _parse(parser: Parser, argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _json_command(argv: Sequence[str]) -> str | None:
+    """The command whose ``--json`` document stdout owes, read from the words alone (the
+    parse itself may be what fails): ``run`` for ``cpmatrix run -k x --json``."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    return command if command in JSON_COMMANDS and "--json" in words else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code."""
+    """Entry point of the console script; returns the exit code. With ``--json``, stdout
+    holds one document whatever the exit: where the command stopped before printing its
+    own, the error document (:func:`cpmatrix.cli.json_out.error_doc`) says why."""
+    words = [*(sys.argv[1:] if argv is None else argv)]
+    as_json = _json_command(words)
+    before = emitted()
+    code: int
+    message = ""
     try:
-        args = _parse(build_parser(), argv)
-        return int(args.handler(args))
+        args = _parse(build_parser(), words)
+        code = int(args.handler(args))
     except (SpecError, UsageError) as exc:
+        message = str(exc)
         print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        code = ExitCode.USAGE
     except KeyboardInterrupt as exc:
+        message = "interrupted"
         print("interrupted", file=sys.stderr)
-        return 128 + int(getattr(exc, "signum", 2))
+        code = 128 + int(getattr(exc, "signum", 2))
     except BrokenPipeError:
         return ExitCode.OK
     except Exception:  # a bug of cpmatrix: its own exit code, never 1 ("tests failed")
+        message = "internal error of cpmatrix (a bug; the traceback is on stderr)"
         print("cpmatrix: internal error (a bug; please report it with this traceback):\n"
               + traceback.format_exc(), file=sys.stderr)
-        return ExitCode.INTERNAL
+        code = ExitCode.INTERNAL
+    if as_json and emitted() == before:
+        emit(error_doc(as_json, code, message or f"exit {code} without a document"))
+    return code
 
 
 if __name__ == "__main__":

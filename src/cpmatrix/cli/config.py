@@ -52,7 +52,7 @@ __all__ = ["NOT_IN_CONFIG", "PATH_KEYS", "PYPROJECT", "ProjectConfig", "Table", 
 PYPROJECT: Final = "pyproject.toml"
 _TABLE: Final = "tool.cpmatrix"
 #: Keys holding a path (relative to the pyproject.toml's folder).
-PATH_KEYS: Final = frozenset({"matrix", "gates", "out", "cache-dir"})
+PATH_KEYS: Final = frozenset({"matrix", "gates", "out", "cache-dir", "durations-from"})
 #: Flags of one invocation, never a project's setting.
 NOT_IN_CONFIG: Final = frozenset({"help", "dry-run", "shard", "tag", "json", "version",
                                   "failed-first", "exitfirst"})
@@ -192,11 +192,12 @@ def load_config(table: Table | None,
 
 def _typed(key: str, raw: Any, action: argparse.Action, base: Path, bad: Any) -> Any:
     kind = _kind(action)
-    if key == "durations":  # a FILE of recorded durations, or N: the slowest N cells
-        if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-            return str(raw)
-        kind = "path"
-    if key in PATH_KEYS or kind == "path":
+    if key == "durations":  # N: the slowest N cells listed
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise bad(f"expected N, a number of cells >= 0, got {raw!r}",
+                      hint="recorded durations are durations-from = \"FILE\"")
+        return raw
+    if key in PATH_KEYS:
         if not isinstance(raw, str) or not raw:
             raise bad(f"expected a path (a string), got {raw!r}", "a path relative to "
                       "this pyproject.toml's folder")

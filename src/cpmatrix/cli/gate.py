@@ -9,12 +9,11 @@ Example::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from cpmatrix.cli.common import add_command
 from cpmatrix.cli.json_out import emit, gate_doc
-from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import REPORT_XML
 from cpmatrix.report.read import ReportError
 
@@ -60,11 +59,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = decide(args.policy, args.report, args.baseline, args.gates,
                         [p.resolve() for p in args.matrices])
-    except (SpecError, ReportError, UsageError) as exc:
-        if args.json:
-            emit(gate_doc(ExitCode.USAGE, None, [str(exc)]))
-        print(f"cpmatrix gate: error: {exc}", file=sys.stderr)
-        return int(ExitCode.USAGE)
+    except ReportError as exc:  # exit 2 as every usage error (and its --json document)
+        raise UsageError(str(exc)) from None
     code = ExitCode.OK if result.ok else ExitCode.FAILURES
     if args.json:
         emit(gate_doc(code, result, []))

@@ -4,8 +4,10 @@ Each document is an object with ``schema_version`` (1), ``command``, ``exit_code
 ``errors`` (what the command said on stderr), then the command's own fields; the JSON
 Schema is ``cpmatrix/cli/cli-json.schema.json`` (:data:`SCHEMA_PATH`), documented in
 docs/cli-json.md. The human output goes to stderr (``run``) or is left out, so stdout
-holds exactly one document, whatever the exit code (a usage error too: then ``errors``
-says why).
+holds exactly one document, whatever the exit code. A command that stopped before its
+work (exit 2, or a signal, or an internal error) gives the *error document*
+(:func:`error_doc`), made in one place, ``cpmatrix.cli.main``; a command's own document
+is made by its handler, once.
 
 Example::
 
@@ -24,17 +26,31 @@ from typing import Any, Final
 from cpmatrix.layout import RunLayout
 from cpmatrix.result import Result, Status, testcase_name
 
-__all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "cell_row", "emit", "error_doc", "gate_doc",
-           "merge_doc", "run_doc", "show_doc"]
+__all__ = ["JSON_COMMANDS", "SCHEMA_PATH", "SCHEMA_VERSION", "cell_row", "emit", "emitted",
+           "error_doc", "gate_doc", "merge_doc", "run_doc", "show_doc"]
 
 SCHEMA_VERSION: Final = 1
 #: The JSON Schema every document validates against.
 SCHEMA_PATH: Final = Path(__file__).with_name("cli-json.schema.json")
 
 
+#: The commands that take ``--json``.
+JSON_COMMANDS: Final = ("run", "gate", "show", "merge")
+
+#: How many documents this process printed (``main`` prints the error document only
+#: where the command printed none).
+_emitted: list[int] = [0]
+
+
 def emit(doc: Mapping[str, Any]) -> None:
     """Print ``doc`` as the one JSON document on stdout."""
     print(json.dumps(doc, indent=1, default=str), flush=True)
+    _emitted[0] += 1
+
+
+def emitted() -> int:
+    """How many documents :func:`emit` has printed in this process."""
+    return _emitted[0]
 
 
 def _head(command: str, code: int, errors: Iterable[str]) -> dict[str, Any]:
@@ -43,8 +59,9 @@ def _head(command: str, code: int, errors: Iterable[str]) -> dict[str, Any]:
 
 
 def error_doc(command: str, code: int, message: str) -> dict[str, Any]:
-    """A command that stopped before its work (a usage or spec error, exit 2)."""
-    doc = _head(command, code, [message])
+    """A command that stopped before its work (a usage or spec error: exit 2; a signal;
+    an internal error): the shared fields, ``ok`` false and nothing else."""
+    doc = _head(command, code, [message or "stopped"])
     doc["ok"] = False
     return doc
 
@@ -96,9 +113,6 @@ def run_doc(code: int, report: Any, out: Path, errors: Sequence[str]) -> dict[st
 def gate_doc(code: int, result: Any, errors: Sequence[str]) -> dict[str, Any]:
     """``gate --json``: the verdict, the required cells and every reason."""
     doc = _head("gate", code, errors)
-    if result is None:
-        doc.update({"ok": False, "policy": None, "required": 0, "counts": {}, "reasons": []})
-        return doc
     doc.update({
         "ok": bool(result.ok), "policy": result.policy.name, "required": result.required,
         "counts": {str(k): int(v) for k, v in result.counts.items()},
@@ -112,13 +126,16 @@ def gate_doc(code: int, result: Any, errors: Sequence[str]) -> dict[str, Any]:
 
 
 def show_doc(code: int, cell: Mapping[str, Any] | None, result: Result | None,
-             results_file: Path | None, errors: Sequence[str]) -> dict[str, Any]:
+             results_file: Path | None, errors: Sequence[str],
+             history: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``show --json``: the cell's definition and its last result (None when the
-    folder holds none)."""
+    folder holds none, or the cell is not in the matrix: exit 3); with ``--history``, its
+    recorded runs instead."""
     doc = _head("show", code, errors)
-    doc.update({"cell": dict(cell) if cell is not None else None,
+    doc.update({"ok": code == 0, "cell": dict(cell) if cell is not None else None,
                 "result": cell_row(result) if result is not None else None,
-                "results_file": str(results_file) if results_file else None})
+                "results_file": str(results_file) if results_file else None,
+                "history": dict(history) if history is not None else None})
     return doc
 
 
@@ -128,10 +145,8 @@ def merge_doc(code: int, out: Path, folders: Sequence[Path], summary: Any,
     doc = _head("merge", code, errors)
     doc.update({
         "ok": code == 0, "out": str(out), "folders": [str(f) for f in folders],
-        "cells": summary.cells if summary is not None else 0, "not_passed": not_passed,
-        "missing": list(summary.missing) if summary is not None else [],
-        "conflicts": list(summary.conflicts) if summary is not None else [],
-        "duplicates": list(summary.duplicates) if summary is not None else [],
-        "warnings": list(summary.warnings) if summary is not None else [],
+        "cells": summary.cells, "not_passed": not_passed, "missing": list(summary.missing),
+        "conflicts": list(summary.conflicts), "duplicates": list(summary.duplicates),
+        "warnings": list(summary.warnings),
     })
     return doc

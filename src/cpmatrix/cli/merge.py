@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cpmatrix.cli.common import add_command
 from cpmatrix.cli.json_out import emit, merge_doc
-from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import RunLayout
 
 __all__ = ["add_parsers", "run"]
@@ -52,23 +52,14 @@ def run(args: argparse.Namespace) -> int:
     said: list[str] = []
     stream = sys.stderr if args.json else sys.stdout
 
-    def fail(message: str) -> int:
-        if args.json:
-            emit(merge_doc(ExitCode.USAGE, out, args.folders, None, 0, [message]))
-        print(f"error: {message}", file=sys.stderr)
-        return ExitCode.USAGE
-
     if out in {f.resolve() for f in args.folders}:
-        return fail("--out must be a new folder, not one of the shards")
+        raise UsageError("--out must be a new folder, not one of the shards")
+    claim = claim_out(out)  # a usage or spec error is main's to report (and its document)
     try:
-        claim = claim_out(out)
-        try:
-            summary = merge_shards(list(args.folders), out)
-            write_report_html(out)
-        finally:
-            claim.release()
-    except (SpecError, UsageError) as exc:
-        return fail(str(exc))
+        summary = merge_shards(list(args.folders), out)
+        write_report_html(out)
+    finally:
+        claim.release()
 
     def say(line: str) -> None:
         said.append(line)

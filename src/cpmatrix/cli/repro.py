@@ -57,7 +57,7 @@ __all__ = ["LogStreamer", "add_parsers", "failed_in", "run"]
 #: Settings that mean nothing for a few cells rerun once, here (the cache too: a repro
 #: always runs; the scheduler and shards too: a repro runs one world on this host).
 _NOT_FOR_REPRO = ("batch_size", "jobs", "mutants", "dry_run", "keep_order", "order", "no_cache",
-                  "cache_dir", "plain", "runs_per_test", "shard", "durations", "scheduler",
+                  "cache_dir", "plain", "runs_per_test", "shard", "durations_from", "scheduler",
                   "partition", "account", "max_jobs", "slurm_args", "pending_timeout_s",
                   "maxfail", "failed_first", "remote_cache", "remote_cache_read_only")
 

@@ -24,8 +24,7 @@ from cpmatrix.cli.common import (
     select_from_args,
 )
 from cpmatrix.cli.console import Console
-from cpmatrix.cli.json_out import emit, error_doc, run_doc
-from cpmatrix.errors import ExitCode, SpecError, UsageError
+from cpmatrix.cli.json_out import emit, run_doc
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import Chosen, execute
 
@@ -35,6 +34,7 @@ _EXAMPLES = ("cpmatrix run", "cpmatrix run -k \"ring and 2x2\" --out out/ring",
              "cpmatrix run -x --failed-first            # stop at the first failure; "
              "last failures first",
              "cpmatrix run --durations 5                # list the 5 slowest cells",
+             "cpmatrix run --shard 2/8 --durations-from last/durations.json",
              "cpmatrix run --mutants                    # planted bugs must all be killed",
              "cpmatrix run --dry-run --platform cuda --gpus 8",
              "cpmatrix run --json > run.json            # one JSON document for CI tools")
@@ -68,24 +68,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_run_arguments(s, exclude=("mutants",))
 
 
+def slowest_count(text: str) -> int:
+    """``--durations N``: pytest's meaning, the N slowest cells listed at the end (0: all);
+    a FILE there is the old spelling of ``--durations-from FILE``, refused naming it."""
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(
+        f"expects N, the number of slowest cells to list (0: all), got {text!r}; recorded "
+        "durations to balance shards by are read with --durations-from FILE")
+
+
 def add_reporting(p: argparse.ArgumentParser) -> None:
-    """How a run's outcome is shown: ``--full-trace``, ``--json``."""
+    """How a run's outcome is shown: ``--full-trace``, ``--json``, ``--durations N``."""
+    p.add_argument("--durations", type=slowest_count, default=None, metavar="N",
+                   help="list the N slowest cells at the end (0: all), as pytest's")
     p.add_argument("--full-trace", action="store_true",
                    help="show every frame of a failure's traceback (default: your frames; "
                    "cpmatrix's and importlib's are hidden)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document on stdout (docs/cli-json.md; the human "
                    "output goes to stderr)")
-
-
-def _slowest(args: argparse.Namespace) -> int | None:
-    """``--durations N`` (a number) is pytest's: list the N slowest cells; a FILE is
-    recorded durations (handed on as the option)."""
-    value = getattr(args, "durations", None)
-    if value is not None and str(value).isdigit():
-        args.durations = None
-        return int(value)
-    return None
 
 
 def repro_flags(args: argparse.Namespace) -> tuple[str, ...]:
@@ -113,17 +115,12 @@ def repro_flags(args: argparse.Namespace) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Parse, hand the run to the pipeline (which claims ``--out`` before selecting),
-    print what it says (``--json``: the human lines to stderr, one document to stdout)."""
-    slowest = _slowest(args)
-    try:
-        options = RunOptions.from_namespace(args)
-        console = Console(plain=options.plain or args.json, full_trace=args.full_trace,
-                          slowest=slowest, stream=sys.stderr if args.json else None)
-        code = execute(options, partial(_choose, args), console)
-    except (SpecError, UsageError) as exc:
-        if args.json:
-            emit(error_doc("run", ExitCode.USAGE, str(exc)))
-        raise
+    print what it says (``--json``: the human lines to stderr, one document to stdout;
+    an error before the document is ``main``'s to report)."""
+    options = RunOptions.from_namespace(args)
+    console = Console(plain=options.plain or args.json, full_trace=args.full_trace,
+                      slowest=args.durations, stream=sys.stderr if args.json else None)
+    code = execute(options, partial(_choose, args), console)
     if args.json:
         emit(run_doc(code, console.seen, Path(options.out).resolve(), console.said))
     return code

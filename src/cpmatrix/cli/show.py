@@ -53,13 +53,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     where.add_argument("--out", type=absolute_path, metavar="DIR",
                        help="the run's (or merge's) output folder: its results.json (and, "
                        "with --history, durations.json) (default: out)")
-    where.add_argument("--durations", type=absolute_path, metavar="FILE",
-                       help="with --history: a durations.json to read")
+    where.add_argument("--durations-from", dest="durations", type=absolute_path,
+                       metavar="FILE", help="with --history: a durations.json to read")
+    p.add_argument("--durations", dest="old_durations", type=_old_durations,
+                   help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (docs/cli-json.md)")
     p.add_argument("--full-trace", action="store_true",
                    help="show every frame of the failure's traceback")
     p.set_defaults(handler=run)
+
+
+def _old_durations(text: str) -> str:
+    """``show --durations FILE``, the spelling before ``--durations-from``: refused, naming
+    the new one (``--durations N`` is the slowest cells of ``run``)."""
+    raise argparse.ArgumentTypeError(f"is now --durations-from {text} (the durations.json "
+                                     "to read with --history)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,13 +79,17 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         return _history(args)
     if args.durations:
-        raise UsageError("--durations goes with --history")
+        raise UsageError("--durations-from goes with --history")
     _, expansion = load_and_expand(matrix_of(args))
     ids = [c.id for c in expansion.cells]
     try:
         cell_id = resolve_id(args.cell_id, ids)
     except NotFound as exc:
-        return _not_a_cell(args, expansion, exc)
+        code, why = _not_a_cell(args, expansion, exc)
+        print(why, file=sys.stderr)
+        if args.json:
+            emit(show_doc(code, None, None, None, [why]))
+        return code
     cell = next(c for c in expansion.cells if c.id == cell_id)
     out = Path(args.out or "out")
     results = last_results(out, cell_id)
@@ -98,12 +111,12 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _not_a_cell(args: argparse.Namespace, expansion: object, exc: NotFound) -> int:
-    """Exit 3: excluded (and by what), or no such cell (with the nearest ids)."""
+def _not_a_cell(args: argparse.Namespace, expansion: object, exc: NotFound
+                ) -> tuple[int, str]:
+    """Exit 3 and why: excluded (and by what), or no such cell (with the nearest ids)."""
     for e in getattr(expansion, "excluded", ()):
         if e.id == args.cell_id:
-            print(f"{args.cell_id}: excluded by {e.reason}", file=sys.stderr)
-            return ExitCode.NOTHING_SELECTED
+            return ExitCode.NOTHING_SELECTED, f"{args.cell_id}: excluded by {e.reason}"
     try:
         target = parse_cell_id(args.cell_id).target
     except ValueError as bad:
@@ -113,8 +126,7 @@ def _not_a_cell(args: argparse.Namespace, expansion: object, exc: NotFound) -> i
     near = [c.id for c in getattr(expansion, "cells", ()) if c.target == target][:5]
     hint = ("; cells of that target include: " + ", ".join(near)) if near else (
         f"; nearest: {', '.join(exc.near)}" if exc.near else "")
-    print(f"no cell {args.cell_id!r} in {args.matrix}{hint}", file=sys.stderr)
-    return ExitCode.NOTHING_SELECTED
+    return ExitCode.NOTHING_SELECTED, f"no cell {args.cell_id!r} in {args.matrix}{hint}"
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -125,7 +137,7 @@ def _history(args: argparse.Namespace) -> int:
         histories = read_histories(path)
     except FileNotFoundError:
         raise UsageError(f"--history: no {path} (a run's --out holds durations.json; "
-                         "give --out DIR or --durations FILE)") from None
+                         "give --out DIR or --durations-from FILE)") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"--history: {exc}") from None
     history = histories.get(args.cell_id)
@@ -133,11 +145,15 @@ def _history(args: argparse.Namespace) -> int:
         target = args.cell_id.split("[", 1)[0]
         near = sorted(c for c in histories if c.split("[", 1)[0] == target)[:5]
         hint = ("; cells of that target with a history: " + ", ".join(near)) if near else ""
-        print(f"no history of {args.cell_id!r} in {path} ({len(histories)} cells recorded)"
-              f"{hint}", file=sys.stderr)
+        why = (f"no history of {args.cell_id!r} in {path} ({len(histories)} cells recorded)"
+               f"{hint}")
+        print(why, file=sys.stderr)
+        if args.json:
+            emit(show_doc(ExitCode.NOTHING_SELECTED, None, None, None, [why]))
         return ExitCode.NOTHING_SELECTED
     if args.json:
-        print(json.dumps(_as_json(args.cell_id, history), indent=2))
+        emit(show_doc(ExitCode.OK, None, None, None, [], history=_as_json(args.cell_id,
+                                                                           history)))
     else:
         print("\n".join(_as_text(args.cell_id, history, path)))
     return ExitCode.OK

@@ -5,7 +5,7 @@ cannot exist without its flag and its documentation, and ``cpmatrix run``, ``cpm
 spill``, ``repro`` and the nox sessions read the same object.
 
 Paths are resolved once, when the options are made (at parse time): ``--out``,
-``--cache-dir`` and ``--durations`` become absolute (relative to the folder cpmatrix was
+``--cache-dir`` and ``--durations-from`` become absolute (relative to the folder cpmatrix was
 started in), and ``--python`` becomes the absolute path of an executable file (a bare
 name is looked up on ``PATH``), or the options are refused (exit 2) naming it. Worlds
 start in folders of their own, where a relative path would name another file.
@@ -164,11 +164,10 @@ class RunOptions:
     shard: str | None = field(default=None, metadata=_flag(
         "--shard", "run only the K-th of N time-balanced shards of the selection (CI job "
         "matrices; merge the shards' --out folders with `cpmatrix merge`)", metavar="K/N"))
-    durations: str | None = field(default=None, metadata=_flag(
-        "--durations", "recorded durations to balance shards and Slurm jobs by: an earlier "
-        "run's durations.json, e.g. the last release's (default: the one in --out); or N "
-        "(a number): list the N slowest cells at the end, as pytest's --durations N "
-        "(0: all)", metavar="FILE|N"))
+    durations_from: str | None = field(default=None, metadata=_flag(
+        "--durations-from", "recorded durations to balance shards and Slurm jobs by: an "
+        "earlier run's durations.json, e.g. the last release's (default: the one in --out)",
+        metavar="FILE"))
     scheduler: SchedulerName = field(default="host", metadata=_flag(
         "--scheduler", "where worlds run: host (this machine) or slurm (each world a "
         "Slurm job started with srun; --out must be on a filesystem the nodes share) "
@@ -225,7 +224,7 @@ class RunOptions:
         if self.remote_cache:  # checked at parse time: a bad URL is exit 2 before any run
             RemoteSettings.parse(self.remote_cache)
         # Once, here: the worlds run in folders of their own (frozen: set in place).
-        for name in ("out", "cache_dir", "durations"):
+        for name in ("out", "cache_dir", "durations_from"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, os.path.abspath(os.path.expanduser(value)))

@@ -30,7 +30,7 @@ __all__ = ["Recorded", "take_shard", "write_empty_report"]
 
 
 class Recorded:
-    """A run's recorded durations (``--durations FILE``, else ``--out``'s own) and
+    """A run's recorded durations (``--durations-from FILE``, else ``--out``'s own) and
     histories, each read once, when first needed by the shard or the Slurm split (most
     runs need neither). The session reads ``--out``'s own history itself, every run.
 
@@ -46,7 +46,7 @@ class Recorded:
         self._history: dict[str, CellHistory] | None = None
 
     def durations(self) -> dict[str, float]:
-        """``--durations FILE`` if given (a missing or unreadable one is a usage error: the
+        """``--durations-from FILE`` if given (a missing or unreadable one is a usage error: the
         shards would silently stop being balanced), else ``--out``'s own durations.json."""
         if self._durations is None:
             history = self.history()
@@ -55,22 +55,22 @@ class Recorded:
         return self._durations
 
     def history(self) -> dict[str, CellHistory] | None:
-        """``--durations FILE``'s histories, None without the flag."""
-        if self._history is None and self.options.durations:
+        """``--durations-from FILE``'s histories, None without the flag."""
+        if self._history is None and self.options.durations_from:
             self._history = _recorded_history(self.options)
         return self._history
 
 
 def _recorded_history(options: RunOptions) -> dict[str, CellHistory]:
-    """``--durations FILE``'s histories (either form of the file; see
+    """``--durations-from FILE``'s histories (either form of the file; see
     :mod:`cpmatrix.report.history`), or a usage error naming the file."""
-    path = Path(options.durations or DURATIONS)
+    path = Path(options.durations_from or DURATIONS)
     try:
         return read_histories(path)
     except OSError as exc:
-        raise UsageError(f"--durations {path}: not a durations.json ({exc})") from None
+        raise UsageError(f"--durations-from {path}: not a durations.json ({exc})") from None
     except ValueError as exc:
-        raise UsageError(f"--durations: not a durations.json: {exc}") from None
+        raise UsageError(f"--durations-from: not a durations.json: {exc}") from None
 
 
 def take_shard(cells: Sequence[Cell], spec: str, durations: Mapping[str, float]
