@@ -86,6 +86,9 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
     s.cli("show-json", "show", "allreduce_sum[unit,2x2,fp64", "--json")
     s.cli("gate-json", "gate", "--json")
     s.cli("xff", "run", "-x", "--failed-first", "--no-cache", "--json")
+    (s.root / "loose.yaml").write_text(  # skipped cells allowed: unrun ones must still fail
+        "version: 1\npolicies:\n  loose: {tags: [release], allow_skipped: true}\n")
+    s.cli("gate-x", "gate", "--gates", "loose.yaml", "--policy", "loose", "--json")
     s.cli("merge-json", "merge", "out", "--out", "merged", "--json")
     return s
 
@@ -188,10 +191,21 @@ def test_x_stops_at_the_first_failure_and_failed_first_runs_it_first(session: Se
     first = next(ln for ln in proc.stderr.splitlines() if ln.startswith("[1/5]"))
     assert first.split()[1] == "FAILED" and "[unit,2x2," in first
     statuses = [c["status"] for c in doc["cells"]]
-    assert statuses.count("failed") == 1 and statuses.count("skipped") >= 3
+    assert statuses.count("failed") == 1 and statuses.count("interrupted") >= 3
     assert "failed first: 2 cells that failed in the last recorded run" in proc.stderr
-    assert all(c["message"] == "not run: the run stopped after the first failure (-x)"
-               for c in doc["cells"] if c["status"] == "skipped")
+    unrun = "not run: the run stopped after the first failure (-x)"
+    assert all(c["message"] == unrun for c in doc["cells"] if c["status"] == "interrupted")
+
+
+def test_a_gate_never_passes_a_run_that_x_stopped(session: Session) -> None:
+    gate = session.steps["gate-x"]
+    assert gate.returncode == 1, session.text("gate-x")
+    doc = json.loads(gate.stdout)
+    unrun = [r for r in doc["reasons"]
+             if "not run: the run stopped after the first failure (-x)" in r["detail"]]
+    interrupted = sum(1 for c in json.loads(session.steps["xff"].stdout)["cells"]
+                      if c["status"] == "interrupted")
+    assert len(unrun) == interrupted >= 3, doc["reasons"]
 
 
 def test_version_and_did_you_mean(session: Session) -> None:

@@ -155,7 +155,8 @@ class RunOptions:
 
     maxfail: int = field(default=0, metadata=_flag(
         "--maxfail", "stop after N cells did not pass (-x: after the first); the cells not "
-        "run are reported skipped, saying why (default: run them all)", metavar="N",
+        "run are reported interrupted, saying why, and no gate passes the run (default: "
+        "run them all)", metavar="N",
         type=int))
     failed_first: bool = field(default=False, metadata=_flag(
         "--failed-first", "run the cells that failed in --out's last recorded run first "

@@ -114,7 +114,8 @@ class Known:
 class Watch:
     """Who hears of the run: the total when it starts, each result, each job launched
     (its name and what it is); the stopper; ``maxfail`` (``-x``/``--maxfail N``): after
-    that many cells did not pass, the rest is not run (reported ``skipped``, saying so).
+    that many cells did not pass, the rest is not run (reported ``interrupted``, saying
+    so: a gate never passes a run that stopped early).
     """
     on_start: Callable[[int], None] | None = None
     on_result: Callable[[Entry, Result], None] | None = None
@@ -456,9 +457,11 @@ class _Session:
             if entry.key in self.results or entry.key in waiting:
                 continue
             if self.stopped_early:
+                # INTERRUPTED, not SKIPPED: a policy may accept skipped cells (a GPU cell
+                # on a CPU host), never a run that stopped before them (the gate fails it).
                 n = self.watch.maxfail
                 why = "the first failure (-x)" if n == 1 else f"{n} failures (--maxfail {n})"
-                result = Result(cell_id=entry.cell.id, status=Status.SKIPPED,
+                result = Result(cell_id=entry.cell.id, status=Status.INTERRUPTED,
                                 mutant=entry.mutant, out_dir=entry.out_dir,
                                 message=f"not run: the run stopped after {why}")
             elif stopped_by is not None:
