@@ -34,7 +34,7 @@ _EXAMPLES = ("cpmatrix run", "cpmatrix run -k \"ring and 2x2\" --out out/ring",
              "cpmatrix run -x --failed-first            # stop at the first failure; "
              "last failures first",
              "cpmatrix run --durations 5                # list the 5 slowest cells",
-             "cpmatrix run --shard 2/8 --durations-from last/durations.json",
+             "cpmatrix run --shard 2/8 --durations-from FILE  # balanced by a run's records",
              "cpmatrix run --mutants                    # planted bugs must all be killed",
              "cpmatrix run --dry-run --platform cuda --gpus 8",
              "cpmatrix run --json > run.json            # one JSON document for CI tools")

@@ -457,8 +457,6 @@ class _Session:
             if entry.key in self.results or entry.key in waiting:
                 continue
             if self.stopped_early:
-                # INTERRUPTED, not SKIPPED: a policy may accept skipped cells (a GPU cell
-                # on a CPU host), never a run that stopped before them (the gate fails it).
                 n = self.watch.maxfail
                 why = "the first failure (-x)" if n == 1 else f"{n} failures (--maxfail {n})"
                 result = Result(cell_id=entry.cell.id, status=Status.INTERRUPTED,
