@@ -7,6 +7,8 @@
       report.xml  results.json  report.html  run.json
       timings.json                       when each job (world) started, answered, ended
       durations.json                     the cells' recorded runs (cpmatrix.report.history)
+      last-failed.json                   the cells that did not pass when they last ran
+                                         (cpmatrix.report.last_failed; repro --failed)
       shard.json                         a shard's manifest (cpmatrix.report.merge)
       worlds/<world>/                    a world launch's job folder, its torchrun.log ...
       worlds/<world>.junit.xml           its cells' testcases
@@ -39,6 +41,7 @@ __all__ = [
     "CELLS",
     "DURATIONS",
     "JOB_FOLDERS",
+    "LAST_FAILED",
     "LOCK",
     "MARKER",
     "OUTPUTS",
@@ -75,6 +78,9 @@ RUN_INFO: Final = "run.json"
 TIMINGS: Final = "timings.json"
 #: The cells' recorded runs (:mod:`cpmatrix.report.history`): kept from run to run.
 DURATIONS: Final = "durations.json"
+#: The cells that did not pass when they last ran here (:mod:`cpmatrix.report.last_failed`):
+#: kept from run to run.
+LAST_FAILED: Final = "last-failed.json"
 #: A shard's manifest: which shard of which selection the folder holds.
 SHARD_MANIFEST: Final = "shard.json"
 #: The folders of the jobs (world launches, compile jobs) and of the cells.
@@ -91,7 +97,7 @@ _RANK: Final = "rank"
 #: A previous run's job and cell folders: read as this run's progress if left behind.
 JOB_FOLDERS: Final = (WORLDS, CELLS, SPILL)
 #: What a run writes: the previous run's copies go before this run starts
-#: (``durations.json`` is kept: it is the history the planner learns from).
+#: (``durations.json`` and ``last-failed.json`` are kept: records across runs).
 OUTPUTS: Final = (REPORT_XML, RESULTS, REPORT_HTML, RUN_INFO, TIMINGS, *JOB_FOLDERS)
 
 
@@ -124,6 +130,10 @@ class RunLayout:
     @property
     def durations(self) -> Path:
         return self.root / DURATIONS
+
+    @property
+    def last_failed(self) -> Path:
+        return self.root / LAST_FAILED
 
     @property
     def shard_manifest(self) -> Path:

@@ -90,6 +90,10 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
         "version: 1\npolicies:\n  loose: {tags: [release], allow_skipped: true}\n")
     s.cli("gate-x", "gate", "--gates", "loose.yaml", "--policy", "loose", "--json")
     s.cli("merge-json", "merge", "out", "--out", "merged", "--json")
+    # later runs that did not run the failures: another selection, then nothing selected
+    s.cli("other", "run", "--plain", "-k", "tp_mlp")
+    s.cli("none", "run", "-k", "nosuchthing")
+    s.cli("failed-later", "repro", "--failed")
     return s
 
 
@@ -156,6 +160,15 @@ def test_repro_failed_reruns_the_last_runs_failures(session: Session) -> None:
     assert failed.returncode == 1, session.text("failed")
     assert failed.stdout.startswith("repro: 2 cells in one world: ")
     assert {CELL, CELL32} <= set(re.findall(r"^FAILED (\S+)$", failed.stdout, re.MULTILINE))
+
+
+def test_repro_failed_is_not_confused_by_later_runs_of_other_cells(session: Session) -> None:
+    assert session.steps["other"].returncode == 0, session.text("other")
+    assert session.steps["none"].returncode == 3, session.text("none")
+    later = session.steps["failed-later"]
+    assert later.returncode == 1, session.text("failed-later")
+    assert later.stdout.startswith("repro: 2 cells in one world: ")
+    assert {CELL, CELL32} <= set(re.findall(r"^FAILED (\S+)$", later.stdout, re.MULTILINE))
 
 
 def test_show_prints_the_failure(session: Session) -> None:

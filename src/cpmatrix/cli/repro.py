@@ -7,8 +7,9 @@ bit-identical on the same platform). The command that ran is printed so it can b
 pasted (``docker run ...`` / ``bwrap ...`` / ``python -m torch.distributed.run ...``).
 
 A cell is named by its id, or by any prefix of it that names one cell
-(:mod:`cpmatrix.cli.cellref`); ``--failed`` reruns the cells that did not pass in the
-last run (``results.json`` of ``--from``, by default the project's ``out``), ``-k``
+(:mod:`cpmatrix.cli.cellref`); ``--failed`` reruns the cells that did not pass when they
+last ran in ``--from`` (by default the project's ``out``; its ``last-failed.json``, see
+:mod:`cpmatrix.report.last_failed`), ``-k``
 the cells an expression selects; several cells run together in one world.
 
 Example::
@@ -48,7 +49,8 @@ from cpmatrix.matrix.case_check import check_cases
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.matrix.select import select_cells
 from cpmatrix.remote.protocol import WorldFolder
-from cpmatrix.result import Result
+from cpmatrix.report.last_failed import FailedEntry, read_last_failed
+from cpmatrix.result import Result, Status
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import check_options, reproduce
 
@@ -77,7 +79,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("cell_id", nargs="?", metavar="CELL",
                    help="a cell id, or a prefix of exactly one")
     p.add_argument("--failed", action="store_true",
-                   help="rerun the cells that did not pass in the last run (--from)")
+                   help="rerun the cells that did not pass when they last ran in --from "
+                   "(a later run that did not run them does not hide them)")
     p.add_argument("-k", dest="keyword", metavar="EXPR",
                    help="rerun the cells this -k expression selects")
     p.add_argument("--from", dest="from_dir", type=absolute_path, default=None, metavar="DIR",
@@ -145,18 +148,29 @@ class LogStreamer(threading.Thread):
         self.join(timeout=5)
 
 
-def failed_in(folder: Path) -> list[Result]:
-    """The results that did not pass (skipped ones aside) in a run's ``results.json``."""
+def failed_in(folder: Path) -> list[FailedEntry]:
+    """The cells that did not pass when they last ran in ``folder``: its
+    ``last-failed.json`` (:mod:`cpmatrix.report.last_failed`); a folder without one (a
+    ``merge``'s) by its ``results.json``, the one run it holds."""
+    try:
+        record = read_last_failed(folder)
+    except ValueError as exc:
+        raise UsageError(f"--failed: {exc}") from None
+    if record is not None:
+        return record
     path = RunLayout(folder).results
     try:
         rows = json.loads(path.read_text())
         results = [Result.from_dict(r) for r in rows]
     except FileNotFoundError:
-        raise UsageError(f"--failed: no {path}: no run has reported there (run first, or "
-                         "give --from DIR)") from None
+        raise UsageError(f"--failed: no run has reported in {folder} (no "
+                         f"{RunLayout(folder).last_failed.name} or {path.name}; run first, "
+                         "or give --from DIR)") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"--failed: {path} cannot be read: {exc}") from None
-    return [r for r in results if not r.status.ok and r.status.value != "skipped"]
+    return [FailedEntry(cell_id=r.cell_id, mutant=r.mutant, status=r.status.value, at=0.0)
+            for r in results
+            if not r.status.ok and r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
 
 
 def _chosen(args: argparse.Namespace) -> tuple[object, list[Cell], str] | int:
@@ -192,7 +206,8 @@ def _chosen(args: argparse.Namespace) -> tuple[object, list[Cell], str] | int:
         cells = list({r.cell_id: by_id[r.cell_id] for r in failed if r.cell_id in by_id}
                      .values())
         if not cells:
-            print(f"nothing to rerun: no cell failed in {folder}'s last run", file=sys.stderr)
+            print(f"nothing to rerun: no cell failed when it last ran in {folder}",
+                  file=sys.stderr)
             return ExitCode.NOTHING_SELECTED
         mutants = {r.mutant for r in failed if r.mutant}
         if len(cells) == 1 and len(mutants) == 1 and not mutant:

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -208,8 +209,10 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
 def _finish(out: Path, prepared: PreparedRun, report: RunReport, hooks: Hooks) -> None:
     """report.html; the cache's line and its layers' uploads and record; the summary."""
     from cpmatrix.report.html import write_report_html
+    from cpmatrix.report.last_failed import update_last_failed
 
     write_report_html(out, warn=hooks.warn)
+    update_last_failed(out, report.results.values(), at=time.time())  # repro --failed's
     if prepared.cache_note:
         hooks.say(prepared.cache_note)
     if prepared.cache_layers is not None:
