@@ -148,10 +148,47 @@ def test_init_refuses_to_overwrite_and_writes_nothing(
     (tmp_path / "tests" / "cp").mkdir(parents=True)
     (tmp_path / "tests" / "cp" / "gates.yaml").write_text("mine\n")
     rc, _, err = run_main(monkeypatch, capsys, tmp_path, "init")
-    assert rc == 2 and "tests/cp/gates.yaml" in err and "never overwrites" in err
+    assert rc == 2 and "tests/cp/gates.yaml (exists)" in err and "never overwrites" in err
     assert not (tmp_path / "tests" / "cp" / "cases.py").exists()
     assert not (tmp_path / "pyproject.toml").exists()
     assert (tmp_path / "tests" / "cp" / "gates.yaml").read_text() == "mine\n"
+
+
+def test_init_checks_every_place_before_writing_any(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "cp").write_text("a file where the starter folder goes\n")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\n')
+    rc, _, err = run_main(monkeypatch, capsys, tmp_path, "init")
+    assert rc == 2, err
+    assert "nothing was written" in err
+    assert "tests/cp (a file, where a folder is needed)" in err
+    assert (tmp_path / "pyproject.toml").read_text() == '[project]\nname = "mine"\n'
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "gates.yaml").write_text("mine\n")
+    rc, _, err = run_main(monkeypatch, capsys, tmp_path, "init", "--dir", "other")
+    assert rc == 2 and "other/gates.yaml (exists)" in err, err
+    assert not (tmp_path / "other" / "cases.py").exists()
+    assert "cpmatrix" not in (tmp_path / "pyproject.toml").read_text()
+
+
+def test_init_in_a_subfolder_of_a_project_says_so_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_main(monkeypatch, capsys, tmp_path, "init")
+    assert rc == 0, err
+    sub = tmp_path / "pkg" / "deep"
+    sub.mkdir(parents=True)
+    rc, _, err = run_main(monkeypatch, capsys, sub, "init")
+    assert rc == 2
+    assert (f"inside a project that already has [tool.cpmatrix] "
+            f"({tmp_path / 'pyproject.toml'})") in err
+    assert "nothing was written" in err and list(sub.iterdir()) == []
+    (sub / "pyproject.toml").write_text('[project]\nname = "inner"\n')  # no table of its own
+    rc, _, err = run_main(monkeypatch, capsys, sub, "init")
+    assert rc == 2 and "already has [tool.cpmatrix]" in err
+    assert (sub / "pyproject.toml").read_text() == '[project]\nname = "inner"\n'
 
 
 def test_init_appends_the_table_to_an_existing_pyproject(
