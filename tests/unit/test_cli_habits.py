@@ -185,3 +185,43 @@ def test_durations_is_the_slowest_count_and_a_file_is_durations_from(
     with pytest.raises(UsageError, match=r"is now --durations-from x.json"):
         parsers["show"].parse_args(["CELL", "--history", "--durations", "x.json"])
     assert "--durations-from" in run.format_help()
+
+
+def test_a_top_level_flag_typo_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = cli(capsys, "--versoin")
+    assert (rc, out) == (2, "")
+    assert "unrecognized argument: --versoin (did you mean '--version'?)" in err
+
+
+def test_a_tag_no_cell_carries_names_the_nearest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_matrix_and_cases(
+        tmp_path, MATRIX.replace("    level: unit\n", "    level: unit\n    tags: [release]\n"),
+        CASES)
+    rc, _, err = cli(capsys, "list", "--matrix", str(path), "--tag", "relase")
+    assert rc == 3
+    assert "--tag 'relase' is on no cell (did you mean 'release'?)" in err
+
+
+def test_an_unknown_exclude_key_names_the_nearest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_matrix_and_cases(
+        tmp_path, MATRIX + "    params: {seq: [7, 64]}\nexclude:\n  - {seqq: 7}\n", CASES)
+    rc, _, err = cli(capsys, "list", "--matrix", str(path))
+    assert rc == 2
+    assert "exclude[0].seqq: unknown key 'seqq'" in err and "did you mean 'seq'?" in err
+
+
+def test_repro_of_an_undeclared_mutant_is_exit_2_naming_the_declared(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cases = ("from cpmatrix.parity import mutants\n\n"
+             "@mutants(no_allreduce='the output is not all-reduced')\n"
+             "def f(cell):\n    pass\n")
+    path = write_matrix_and_cases(tmp_path, MATRIX, cases)
+    cell = "allreduce_sum[unit,1x2,fp64,autocast=off"
+    rc, out, err = cli(capsys, "repro", cell, "--matrix", str(path), "--mutant", "no_allreduc",
+                       "--out", str(tmp_path / "out"))
+    assert rc == 2, out + err
+    assert "--mutant 'no_allreduc': cases:f declares no such mutant" in err
+    assert "(declared: no_allreduce) (did you mean 'no_allreduce'?)" in err
+    assert not (tmp_path / "out" / "worlds").exists()  # nothing ran

@@ -81,8 +81,14 @@ def build_parser(cwd: Path | None = None) -> Parser:
     return parser
 
 
-def _parse(parser: Parser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse; an unknown flag is refused naming the nearest flag of its command."""
+def _parse(parser: Parser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse; an unknown flag is refused naming the nearest flag of its command (before
+    the command: of cpmatrix itself, ``--versoin``)."""
+    top = [o for a in parser._actions for o in a.option_strings]
+    if argv and argv[0].startswith("-") and argv[0].split("=", 1)[0] not in top:
+        parser.print_usage(sys.stderr)
+        raise UsageError(f"unrecognized argument: {argv[0]}"
+                         + did_you_mean(argv[0].split("=", 1)[0], top))
     args, extra = parser.parse_known_args(argv)
     if extra:
         command = args.parsers.get(getattr(args, "command", None) or "", parser)

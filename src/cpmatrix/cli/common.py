@@ -128,9 +128,16 @@ def excluded_counts(expansion: Expansion) -> str:
             + " (--why-excluded lists them)")
 
 
+def _unmatched_tags(args: argparse.Namespace, cells: Sequence[Cell]) -> list[str]:
+    """A hint per ``--tag`` no cell carries: the nearest tag of the matrix."""
+    tags = sorted({t for c in cells for t in c.tags})
+    return [f"--tag {t!r} is on no cell{did_you_mean(t, tags)}"
+            for t in getattr(args, "tag", None) or () if t not in tags]
+
+
 def _unmatched_words(args: argparse.Namespace, cells: Sequence[Cell]) -> list[str]:
     """A hint per ``-k`` word that matches no cell at all: the nearest id part or tag."""
-    if not args.keyword:
+    if not getattr(args, "keyword", None):
         return []
     from cpmatrix.suggest import DTYPE_ALIASES
 
@@ -152,8 +159,9 @@ def _unmatched_words(args: argparse.Namespace, cells: Sequence[Cell]) -> list[st
 
 
 def keyword_hints(args: argparse.Namespace, expansion: Expansion) -> list[str]:
-    """``-k`` words that match none of the matrix's cells, each with its nearest word."""
-    return _unmatched_words(args, expansion.cells)
+    """``-k`` words and ``--tag`` values that match none of the matrix's cells, each with
+    its nearest word."""
+    return _unmatched_words(args, expansion.cells) + _unmatched_tags(args, expansion.cells)
 
 
 def nothing_selected(args: argparse.Namespace, total: int, excluded: int | None = None,

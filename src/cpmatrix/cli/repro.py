@@ -46,13 +46,15 @@ from cpmatrix.cli.run import repro_flags
 from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.case_check import check_cases
-from cpmatrix.matrix.schema import Cell
+from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
 from cpmatrix.remote.protocol import WorldFolder
 from cpmatrix.report.last_failed import FailedEntry, read_last_failed
 from cpmatrix.result import Result, Status
+from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import check_options, reproduce
+from cpmatrix.suggest import did_you_mean
 
 __all__ = ["LogStreamer", "add_parsers", "failed_in", "run"]
 
@@ -226,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(chosen, int):
         return chosen
     matrix, cells, mutant = chosen
+    if args.mutant:
+        _check_mutant(matrix, cells[0], args.mutant, options.python)  # type: ignore[arg-type]
     if len(cells) > 1:
         print(f"repro: {len(cells)} cells in one world: "
               + ", ".join(c.id for c in cells[:5]) + (" ..." if len(cells) > 5 else ""))
@@ -238,6 +242,17 @@ def run(args: argparse.Namespace) -> int:
         for key, value in done.result.evidence.items():
             print(f"evidence {key} = {value!r}")
     return done.code
+
+
+def _check_mutant(matrix: Matrix, cell: Cell, mutant: str, python: str) -> None:
+    """``--mutant`` names one the cell's case declares (read in a child of ``python``),
+    or exit 2 with the declared ones and the nearest: never a run that "survives" a
+    mutant that does not exist."""
+    declared = [m for m in discover_mutants(matrix.pythonpath, [cell], python)[cell.id] if m]
+    if mutant not in declared:
+        allowed = ", ".join(declared) if declared else "none: its case declares no mutant"
+        raise UsageError(f"--mutant {mutant!r}: {cell.case} declares no such mutant for "
+                         f"{cell.id} (declared: {allowed}){did_you_mean(mutant, declared)}")
 
 
 def _without_runner(flags: tuple[str, ...]) -> list[str]:

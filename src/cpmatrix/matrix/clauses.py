@@ -13,6 +13,7 @@ import yaml
 from cpmatrix.matrix.axes import axis_value, extra_value_text, where_of
 from cpmatrix.matrix.schema import ALLOWED_KEYS, AXES, Clause, Scalar, Target
 from cpmatrix.matrix.yamlreader import SpecReader, render
+from cpmatrix.suggest import suggestion
 
 __all__ = ["clause"]
 
@@ -63,7 +64,8 @@ def clause(
                     f" (declared by: {owners})",
                     ", ".join(allowed),
                 )
-            raise ctx.error(key_node, kpath, f"unknown key {key!r}", ", ".join(allowed))
+            raise ctx.error(key_node, kpath, f"unknown key {key!r}", ", ".join(allowed),
+                            suggestion(key, [*allowed, *sorted(all_params)]))
         values: list[Scalar] = []
         for value, item, ipath in ctx.scalar_list(value_node, kpath):
             if key == "target":
