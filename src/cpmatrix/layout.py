@@ -7,6 +7,7 @@
       report.xml  results.json  report.html  run.json
       timings.json                       when each job (world) started, answered, ended
       durations.json                     the cells' recorded runs (cpmatrix.report.history)
+      previous/                          the outputs of the run before (cpmatrix.run.outdir)
       shard.json                         a shard's manifest (cpmatrix.report.merge)
       worlds/<world>/                    a world launch's job folder, its torchrun.log ...
       worlds/<world>.junit.xml           its cells' testcases
@@ -43,6 +44,7 @@ __all__ = [
     "MARKER",
     "OUTPUTS",
     "OUTPUT_LOG",
+    "PREVIOUS",
     "REPORT_HTML",
     "REPORT_XML",
     "RESULTS",
@@ -90,9 +92,11 @@ _RANK: Final = "rank"
 
 #: A previous run's job and cell folders: read as this run's progress if left behind.
 JOB_FOLDERS: Final = (WORLDS, CELLS, SPILL)
-#: What a run writes: the previous run's copies go before this run starts
-#: (``durations.json`` is kept: it is the history the planner learns from).
+#: What a run writes: the previous run's copies move to ``previous/`` when a run with
+#: cells starts (``durations.json`` is kept: it is the history the planner learns from).
 OUTPUTS: Final = (REPORT_XML, RESULTS, REPORT_HTML, RUN_INFO, TIMINGS, *JOB_FOLDERS)
+#: The outputs of the run before the last one that ran cells (cpmatrix.run.outdir).
+PREVIOUS: Final = "previous"
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         claim = claim_out(out)
         try:
+            claim.take_over()
             summary = merge_shards(list(args.folders), out)
             write_report_html(out)
         finally:
