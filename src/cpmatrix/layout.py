@@ -9,6 +9,7 @@
       durations.json                     the cells' recorded runs (cpmatrix.report.history)
       last-failed.json                   the cells that did not pass when they last ran
                                          (cpmatrix.report.last_failed; repro --failed)
+      previous/                          the outputs of the run before (cpmatrix.run.outdir)
       shard.json                         a shard's manifest (cpmatrix.report.merge)
       worlds/<world>/                    a world launch's job folder, its torchrun.log ...
       worlds/<world>.junit.xml           its cells' testcases
@@ -46,6 +47,7 @@ __all__ = [
     "MARKER",
     "OUTPUTS",
     "OUTPUT_LOG",
+    "PREVIOUS",
     "REPORT_HTML",
     "REPORT_XML",
     "RESULTS",
@@ -96,9 +98,12 @@ _RANK: Final = "rank"
 
 #: A previous run's job and cell folders: read as this run's progress if left behind.
 JOB_FOLDERS: Final = (WORLDS, CELLS, SPILL)
-#: What a run writes: the previous run's copies go before this run starts
-#: (``durations.json`` and ``last-failed.json`` are kept: records across runs).
+#: What a run writes: the previous run's copies move to ``previous/`` when a run with
+#: cells starts (``durations.json`` and ``last-failed.json`` are kept: records across
+#: runs, the planner's history and ``repro --failed``'s list).
 OUTPUTS: Final = (REPORT_XML, RESULTS, REPORT_HTML, RUN_INFO, TIMINGS, *JOB_FOLDERS)
+#: The outputs of the run before the last one that ran cells (cpmatrix.run.outdir).
+PREVIOUS: Final = "previous"
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,9 @@ class Result:
     runs: int = 0
     runs_passed: int = 0
     run_failures: tuple[str, ...] = ()
+    #: Each run's own status, in run order: what :func:`cpmatrix.repeated.repeated_status`
+    #: made ``status`` from (the gate re-applies the rule to it).
+    run_statuses: tuple[Status, ...] = ()
     #: The command that reruns this cell alone (``cpmatrix repro '<id>' ...``), quoted for a
     #: POSIX shell; set on a cell that did not pass, "" otherwise (left out of
     #: :meth:`to_dict` then).
@@ -165,8 +168,9 @@ class Result:
         del d["reads"]
         if self.runs:
             d["run_failures"] = list(self.run_failures)
+            d["run_statuses"] = [s.value for s in self.run_statuses]
         else:  # a plain run's row as before runs per test existed
-            for key in ("runs", "runs_passed", "run_failures"):
+            for key in ("runs", "runs_passed", "run_failures", "run_statuses"):
                 del d[key]
         if not self.repro:
             del d["repro"]
@@ -204,6 +208,8 @@ class Result:
                 runs_passed=int(_typed(d, "runs_passed", int, 0)),
                 run_failures=tuple(_str(v, "run_failures")
                                    for v in _typed(d, "run_failures", list, [])),
+                run_statuses=tuple(Status(_str(v, "run_statuses"))
+                                   for v in _typed(d, "run_statuses", list, [])),
                 repro=_typed(d, "repro", str, ""),
             )
         except (TypeError, KeyError) as exc:

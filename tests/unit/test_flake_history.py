@@ -44,7 +44,7 @@ STOPPED = _r(Status.INTERRUPTED, "interrupted")
     ([OK, RETRIED, OK], Status.FLAKY, 2),  # a run that needed a retry is not a pass
     ([RETRIED, RETRIED], Status.FLAKY, 0),
     ([OK, STOPPED, OK], Status.INTERRUPTED, 2),  # incomplete: never a pass
-    ([BAD, STOPPED], Status.INTERRUPTED, 0),
+    ([BAD, STOPPED], Status.FAILED, 0),  # a failure is never hidden
     ([OK, STOPPED, BAD], Status.FLAKY, 1),  # they already disagree
 ], ids=["all-pass", "one-fails", "first-fails", "all-fail", "retried", "only-retried",
         "stopped", "stopped-failing", "stopped-flaky"])

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--out must be a new folder, not one of the shards")
     claim = claim_out(out)  # a usage or spec error is main's to report (and its document)
     try:
+        claim.take_over()
         summary = merge_shards(list(args.folders), out)
         write_report_html(out)
     finally:

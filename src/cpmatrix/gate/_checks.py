@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cpmatrix.gate._policy import Policy
+from cpmatrix.repeated import parse_run_statuses, repeated_status
 from cpmatrix.report.read import ReportCell
 from cpmatrix.result import Status
 
@@ -80,6 +81,10 @@ def check_status(policy: Policy, cells: Iterable[ReportCell]) -> list[Reason]:
     """Required cells passed; flaky and skipped only where the policy allows them."""
     out = []
     for c in cells:
+        wrong = _runs_disagree(c)
+        if wrong:
+            out.append(Reason("status", c.name, _clip(wrong)))
+            continue
         if c.status.ok or (c.status is Status.FLAKY and policy.allow_flaky) or (
                 c.status is Status.SKIPPED and policy.allow_skipped):
             continue
@@ -96,6 +101,34 @@ def check_status(policy: Policy, cells: Iterable[ReportCell]) -> list[Reason]:
             head = c.status.value + (f" on rank {ranks}" if ranks else "")
             out.append(Reason("status", c.name, _clip(f"{head}: {_first_line(c)}")))
     return out
+
+
+def _runs_disagree(cell: ReportCell) -> str:
+    """Why a repeated cell's status cannot be trusted ("" when it can): the rule of
+    repeated runs (:func:`cpmatrix.repeated.repeated_status`), re-applied to the run
+    statuses the report records, must give the status it records; a repeated cell that
+    records no run statuses (a report of an older cpmatrix) can be neither skipped nor
+    flaky here, since a failed run may hide behind either.
+
+    >>> cell = ReportCell(name="c", status=Status.SKIPPED,
+    ...                   properties={"runs": "3", "run_statuses": "skipped,failed,failed"})
+    >>> _runs_disagree(cell)
+    'skipped, but its runs (skipped,failed,failed) make it failed (the rule of repeated runs)'
+    """
+    text = cell.properties.get("run_statuses")
+    if text is None:
+        if "runs" in cell.properties and cell.status in (Status.SKIPPED, Status.FLAKY):
+            return (f"{cell.status.value} over {cell.properties['runs']} runs whose "
+                    "statuses the report does not record (rerun with this cpmatrix)")
+        return ""
+    try:
+        status = repeated_status(parse_run_statuses(text))
+    except ValueError as exc:
+        return f"{cell.status.value}, but its run_statuses are unreadable: {exc}"
+    if status is cell.status:
+        return ""
+    return (f"{cell.status.value}, but its runs ({text}) make it {status.value} "
+            "(the rule of repeated runs)")
 
 
 def check_stale(cells: Iterable[ReportCell], digests: Mapping[str, str]) -> list[Reason]:

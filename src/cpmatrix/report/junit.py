@@ -84,6 +84,8 @@ def _properties(cell: Cell | None, result: Result) -> list[tuple[str, str]]:
     if result.runs:  # --runs-per-test N: the counts, and what each failing run said
         props += [("runs", str(result.runs)), ("runs_passed", str(result.runs_passed)),
                   ("runs_failed", str(result.runs - result.runs_passed))]
+        if result.run_statuses:  # what the gate re-applies the rule of repeated runs to
+            props.append(("run_statuses", ",".join(s.value for s in result.run_statuses)))
         props += [(f"run_failure.{i}", line[:500])
                   for i, line in enumerate(result.run_failures, 1)]
     if result.message:

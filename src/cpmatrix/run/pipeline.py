@@ -98,9 +98,9 @@ class _Narrowed:
 def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> int:
     """Run what ``choose`` selects (``--dry-run``: plan it) and return the exit code.
 
-    ``choose`` runs after ``--out`` is claimed: whatever happens next (a spec error
-    included), the folder can no longer hold the previous run's report for a gate to
-    read as this run's.
+    ``choose`` runs after ``--out`` is claimed (locked; nothing is deleted): the last
+    run's evidence makes way only once this run has cells to run (``prepare_run``), so a
+    spec error (exit 2) or an empty selection (exit 3) leaves it whole.
     """
     scheduler = scheduler_for(options)
     scheduler.preflight()
@@ -151,6 +151,7 @@ def _narrow(options: RunOptions, chosen: Chosen, recorded: Recorded, claim: OutC
         hooks.say(f"shard {manifest.shard}/{manifest.of}: {len(manifest.cells)} of "
                   f"{len(manifest.all_cells)} cells")
         if claim is not None:
+            claim.take_over()  # a shard, even an empty one, is a run: its report replaces
             manifest.write(out)
             if not cells:  # more shards than cells: an empty report, not a failure
                 write_empty_report(out, claim.run_id, source={

@@ -6,7 +6,7 @@
 - :class:`CrashRetry`: a crashed cell is run again alone, once; passing then makes it
   FLAKY, failing again keeps the first crash (with both stories in the message).
 - :func:`combine_runs`: the N runs of a cell (``--runs-per-test N``) as one verdict,
-  Bazel's ``--runs_per_test_detects_flakes``: some runs failed -> FLAKY, all -> failed.
+  Bazel's ``--runs_per_test_detects_flakes`` by the rule of :mod:`cpmatrix.repeated`.
 
 Example::
 
@@ -23,13 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from cpmatrix.repeated import RUN_CLASS, RunClass, repeated_status, rule_index
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.entry import Entry
 
 __all__ = ["CrashRetry", "combine_entries", "combine_runs", "interpret_mutant", "next_run"]
-
-#: Runs that ended without a verdict of their own: they count neither way.
-_NO_VERDICT = (Status.INTERRUPTED, Status.INFRA, Status.SKIPPED)
 
 
 def interpret_mutant(result: Result, base: Result | None) -> Result:
@@ -105,12 +103,11 @@ class CrashRetry:
 
 
 def combine_runs(runs: Sequence[Result]) -> Result:
-    """One verdict for the runs of a cell (in run order), carrying the counts.
-
-    PASSED: every run passed. FLAKY: the runs disagree (some passed, some did not; or a
-    run passed only when retried alone). Failed (the first failing run's status, kind and
-    ranks): every run failed. A run with no verdict (interrupted, infra) makes the cell
-    that status when the others agree: the measurement is incomplete, never a pass.
+    """One verdict for the runs of a cell (in run order), carrying the counts; the status
+    is :func:`cpmatrix.repeated.repeated_status` of the runs' (any failed run makes the
+    cell FLAKY or failed, never skipped; see that module for the whole rule). The result
+    it is built from is the first run of the class that decided (the first failing run's
+    kind, ranks and failures for FLAKY and failed).
 
     >>> ok, bad = Result(cell_id="c", status=Status.PASSED), Result(
     ...     cell_id="c", status=Status.FAILED, message="boom")
@@ -120,28 +117,34 @@ def combine_runs(runs: Sequence[Result]) -> Result:
     >>> combine_runs([bad, bad]).status, combine_runs([ok, ok]).status
     (<Status.FAILED: 'failed'>, <Status.PASSED: 'passed'>)
     """
-    assert runs, "a cell has at least one run"
-    passed = [r for r in runs if r.status is Status.PASSED]
-    judged = [r for r in runs if r.status not in _NO_VERDICT]
-    failed = [r for r in judged if r.status is not Status.PASSED]
+    statuses = [r.status for r in runs]
+    status = repeated_status(statuses)
+    row = rule_index(statuses)
+    decides = _DECIDES[row]
+    base = next(r for r in runs if RUN_CLASS[r.status] in decides)
+    passed = sum(r.status is Status.PASSED for r in runs)
     lines = tuple(f"run {i}: {r.headline()}" for i, r in enumerate(runs, 1)
                   if r.status is not Status.PASSED)
-    counts = f"{len(passed)}/{len(runs)} runs passed"
+    counts = f"{passed}/{len(runs)} runs passed"
     mean_s = sum(r.duration_s for r in runs) / len(runs)
-    common = {"runs": len(runs), "runs_passed": len(passed), "run_failures": lines,
-              "duration_s": round(mean_s, 4), "attempts": max(r.attempts for r in runs)}
-    if failed and (passed or any(r.status is Status.FLAKY for r in failed)):
-        return replace(failed[0], status=Status.FLAKY, **common,  # type: ignore[arg-type]
-                       message=f"flaky: {counts}; " + "; ".join(lines))
-    if len(judged) < len(runs):
-        first = next(r for r in runs if r.status in _NO_VERDICT)
-        return replace(first, **common,  # type: ignore[arg-type]
-                       message=f"{first.message} ({counts}, {len(runs) - len(judged)} "
-                       "without a verdict)")
-    if not failed:
-        return replace(runs[0], **common, message=f"{counts}")  # type: ignore[arg-type]
-    return replace(failed[0], **common,  # type: ignore[arg-type]
-                   message=f"failed every run ({counts}): " + "; ".join(lines))
+    message = {
+        1: f"flaky: {counts}; " + "; ".join(lines),
+        2: f"failed {sum(RUN_CLASS[s] is RunClass.FAIL for s in statuses)} of {len(runs)} "
+           f"runs ({counts}): " + "; ".join(lines),
+        3: f"{base.message} ({counts}, {len(lines)} without a pass)",
+        4: f"{base.message} ({counts}, {len(lines)} skipped)",
+        5: counts,
+    }[row]
+    return replace(base, status=status, runs=len(runs), runs_passed=passed,
+                   run_failures=lines, run_statuses=tuple(statuses),
+                   duration_s=round(mean_s, 4), attempts=max(r.attempts for r in runs),
+                   message=message)
+
+
+#: Which runs a row of the rule takes the combined result from.
+_DECIDES: dict[int, tuple[RunClass, ...]] = {
+    1: (RunClass.FAIL, RunClass.BOTH), 2: (RunClass.FAIL,), 3: (RunClass.NO_VERDICT,),
+    4: (RunClass.SKIP,), 5: (RunClass.PASS,)}
 
 
 def next_run(numbers: dict[str, int], cell_id: str) -> int:

@@ -190,6 +190,9 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
                                                mutants is not None, toolchain, keys, anchors,
                                                remote_settings(options.caching, matrix))
+    # Everything that can refuse the run is behind us: only now does the last run's
+    # evidence make way (into previous/), so a run that cannot start leaves it whole.
+    claim.take_over()
     atomic_write_json(RunLayout(out).run_info, {
         "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
         "runner": runner.name, "order": order or "planned",
