@@ -46,7 +46,9 @@ from cpmatrix.run.toolchain import probe_interpreter
 
 __all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
 
-Store = Callable[[Cell, Result], None]
+#: Stores a fresh pass; returns why it was not stored ("" when it was, or was not
+#: meant to be: a failure, a retried pass).
+Store = Callable[[Cell, Result], str]
 
 
 @dataclass
@@ -235,15 +237,16 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
             f"{time.monotonic() - t0:.2f} s, {hashes.hashed} files hashed)")
     private = context.runner.private_files
 
-    def store(cell: Cell, result: Result) -> None:
+    def store(cell: Cell, result: Result) -> str:
         if result.reads is None:
-            print(f"note: {cell.id} is not cached: what it read was not observed on every "
-                  "rank", file=sys.stderr)
-            return
-        settled = hashes.settle(result.reads, private_files=private)
-        if isinstance(settled, str):
-            print(f"note: {cell.id} is not cached: {settled}", file=sys.stderr)
-            return
-        layers.store(cell, result, settled)
+            why = "what it read was not observed on every rank"
+        else:
+            settled = hashes.settle(result.reads, private_files=private)
+            if not isinstance(settled, str):
+                layers.store(cell, result, settled)
+                return ""
+            why = settled
+        print(f"note: {cell.id} is not cached: {why}", file=sys.stderr)
+        return why
 
     return hits, store, note, layers
