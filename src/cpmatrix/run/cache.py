@@ -11,7 +11,8 @@ The key has two halves (docs/cache.md says what each covers):
   runs in a world: the import closure of the world-side entry points), the runner's
   identity (the image id in a container), the interpreter that runs the worlds, its
   distributions and its site configuration (:mod:`cpmatrix.run.toolchain`), the
-  environment allow-list and the platform's environment, the mutant;
+  environment allow-list and the platform's environment, the mutant, the machine's
+  hardware and stack identity (:mod:`cpmatrix.run.machine`);
 - the **observed set** (:mod:`cpmatrix.remote.observe`): every file and folder the cell
   read on any rank, outside the standard library and non-editable distributions' RECORDs,
   however it was read (an editable install, ``importlib``, a folder added to
@@ -211,14 +212,17 @@ class ActionKeys:
     def digest(
         self, cell: Cell, *, runner_identity: Mapping[str, str], env: Mapping[str, str],
         toolchain: Mapping[str, str], mutant: str = "",
+        machine: Mapping[str, str] | None = None,
     ) -> str:
-        """The static pre-key: the cell's source digest and where and how it runs."""
+        """The static pre-key: the cell's source digest and where and how it runs,
+        on what machine (:mod:`cpmatrix.run.machine`: ISA flags, GPU, driver, ...)."""
         payload = {
             "source": self.source_digest(cell),
             "runner": dict(runner_identity),
             "toolchain": dict(toolchain),
             "env": dict(env),
             "mutant": mutant,
+            "machine": dict(machine or {}),
         }
         return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
