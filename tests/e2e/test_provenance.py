@@ -84,6 +84,25 @@ def test_every_results_file_records_the_source(runs: Runs) -> None:
     assert shard["cells"] == source["cells"]
 
 
+def test_every_result_names_the_machine_it_ran_on(runs: Runs) -> None:
+    """Issue 30, row 6: the machine's identity (in the cache key) is in the report."""
+    import torch
+
+    from cpmatrix.run.machine import cpu_flags
+
+    a = runs.root / "a"
+    cpu = json.loads((a / "run.json").read_text())["machine"]["cpu"]
+    assert cpu == {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                   "cpu_flags": cpu_flags(Path("/proc/cpuinfo").read_text())}
+    line = f"cpu {cpu['cpu_capability']} ({cpu['cpu_flags']})"
+    for row in json.loads((a / "results.json").read_text()):
+        assert row["source"]["machine"] == line
+    for cell in read_report(a / "report.xml"):
+        assert cell.properties["source.machine"] == line
+    shown = run_cli("show", VERDICT, "--matrix", str(runs.matrix), "--out", str(a))
+    assert f"  machine: {line}" in shown.stdout, shown.stdout + shown.stderr
+
+
 def test_two_folders_that_disagree_about_a_cell_fail_the_merge(runs: Runs) -> None:
     """Row 6: the first folder never wins; the conflict fails the merge."""
     a, b = runs.root / "a", runs.root / "b"

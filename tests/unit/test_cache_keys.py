@@ -192,8 +192,10 @@ def test_the_action_digest_changes_with_each_input(project: Path) -> None:
     assert base == _digest(keys, mutant="")  # a plain run is the run of no mutant
     variants = [_digest(keys, cell="cell-2"), _digest(keys, case="other:run"),
                 _digest(keys, runner="docker"), _digest(keys, env="2"),
-                _digest(keys, mutant="m")]
-    assert len({base, *variants}) == 6
+                _digest(keys, mutant="m"), _digest(keys, machine={"cpu_flags": "avx2"}),
+                _digest(keys, machine={"cpu_flags": "avx2,avx512f"})]
+    assert len({base, *variants}) == 8
+    assert base == _digest(keys, machine={}) == _digest(keys, machine=None)
     keys.runtime_digest = "0" * 64  # another cpmatrix version
     assert _digest(keys) != base
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.remote import observe
-from cpmatrix.remote.observe import ABSENT, CHANGED, ReadObserver, _record_files, importable
+from cpmatrix.remote.classify import record_files as _record_files
+from cpmatrix.remote.observe import ABSENT, CHANGED, ReadObserver, importable
 
 
 def test_doctests_run() -> None:

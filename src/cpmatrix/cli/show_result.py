@@ -55,6 +55,8 @@ def result_lines(r: Result, out: Path, *, full_trace: bool = False) -> list[str]
     else:
         lines = failure_block(name, r, full_trace=full_trace)
         lines.insert(1, f"  time: {r.duration_s:.2f} s")
+    if r.source.get("machine"):  # what the result may depend on of the hardware
+        lines.append(f"  machine: {r.source['machine']}")
     logs = cell_output_logs(out / r.out_dir) if r.out_dir else {}
     for rank, log in logs.items():
         lines.append(f"  log rank {rank}: {log}")

@@ -10,6 +10,7 @@ marker, then an outcome with the verdict and the measured numbers.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -46,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     # What each cell reads completes the cache key. Not: the run's own folder (the cells'),
     # and the compile cache, whose entries are the cells' own results, keyed by what made
     # them (the kernel source, its spec, the toolchain: all in the pre-key).
-    observer = ReadObserver(skip=(job.out_root, job.folder, job.cache_dir or ""))
+    # Its one process start is ptxas (triton's, by name==version in the toolchain key),
+    # whose one input is the PTX the job wrote: not followed (trust_installed).
+    observer = ReadObserver(skip=(job.out_root, job.folder, job.cache_dir or ""),
+                            follow=os.path.join(job.folder, "follow"), trust_installed=True)
     for i, cell in enumerate(job.cells):
         write_typed(folder.marker(i, 0, START),
                     StartMarker(index=i, rank=0, id=cell.id, run=job.run_id, time=time.time()))

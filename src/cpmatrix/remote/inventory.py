@@ -47,6 +47,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cpmatrix.remote.torch_flags import torch_flags
+
 __all__ = ["Inventory", "Setting", "numpy_settings", "python_settings", "settings",
            "torch_settings"]
 
@@ -306,11 +308,10 @@ def torch_settings() -> list[Setting]:
         with contextlib.suppress(Exception):
             if torch.amp.is_autocast_available(device):
                 out.append(_autocast(torch, device))
-    for name, getter, setter in _BACKEND_FLAGS:
-        get, put = getattr(C, getter, None), getattr(C, setter, None)
-        if get is not None:
-            out.append(Setting(f"torch.backends {name}", get, put,
-                               why="" if put else "torch has no setter for it"))
+    # Every other get/set pair of the installed torch, found at start-up; a pair that
+    # does not take its own value back is detected only.
+    for name, read, write in torch_flags(torch):
+        out.append(_flag(name, read, write))
     for backend, op in _FP32_PRECISION:
         with contextlib.suppress(Exception):
             C._get_fp32_precision_getter(backend, op)
@@ -324,36 +325,15 @@ def torch_settings() -> list[Setting]:
     return out
 
 
-#: torch.backends flags: (name, C getter, C setter).
-_BACKEND_FLAGS = (
-    ("cuda matmul allow_tf32", "_get_cublas_allow_tf32", "_set_cublas_allow_tf32"),
-    ("cuda matmul allow_fp16_reduced_precision_reduction",
-     "_get_cublas_allow_fp16_reduced_precision_reduction",
-     "_set_cublas_allow_fp16_reduced_precision_reduction"),
-    ("cuda matmul allow_bf16_reduced_precision_reduction",
-     "_get_cublas_allow_bf16_reduced_precision_reduction",
-     "_set_cublas_allow_bf16_reduced_precision_reduction"),
-    ("cpu allow_fp16_reduced_precision_reduction",
-     "_get_cpu_allow_fp16_reduced_precision_reduction",
-     "_set_cpu_allow_fp16_reduced_precision_reduction"),
-    ("cudnn enabled", "_get_cudnn_enabled", "_set_cudnn_enabled"),
-    ("cudnn benchmark", "_get_cudnn_benchmark", "_set_cudnn_benchmark"),
-    ("cudnn deterministic", "_get_cudnn_deterministic", "_set_cudnn_deterministic"),
-    ("cudnn allow_tf32", "_get_cudnn_allow_tf32", "_set_cudnn_allow_tf32"),
-    ("mkldnn enabled", "_get_mkldnn_enabled", "_set_mkldnn_enabled"),
-    ("mkldnn deterministic", "_get_mkldnn_deterministic", "_set_mkldnn_deterministic"),
-    ("onednn allow_tf32", "_get_onednn_allow_tf32", "_set_onednn_allow_tf32"),
-    ("sdp flash", "_get_flash_sdp_enabled", "_set_sdp_use_flash"),
-    ("sdp mem_efficient", "_get_mem_efficient_sdp_enabled", "_set_sdp_use_mem_efficient"),
-    ("sdp math", "_get_math_sdp_enabled", "_set_sdp_use_math"),
-    ("sdp cudnn", "_get_cudnn_sdp_enabled", "_set_sdp_use_cudnn"),
-    ("sdp overrideable", "_get_overrideable_sdp_enabled", "_set_sdp_use_overrideable"),
-    ("sdp math fp16/bf16 reduction", "_get_math_sdp_allow_fp16_bf16_reduction",
-     "_set_math_sdp_allow_fp16_bf16_reduction"),
-    ("linalg preferred backend", "_get_linalg_preferred_backend",
-     "_set_linalg_preferred_backend"),
-    ("blas preferred backend", "_get_blas_preferred_backend", "_set_blas_preferred_backend"),
-)
+def _flag(name: str, read: Callable[[], Any], write: Callable[[Any], object]) -> Setting:
+    """A flag of :func:`torch_flags` (named ``torch flag <getter>``): restored when it
+    takes its own value back now, else detected only."""
+    try:
+        write(read())
+    except Exception as exc:
+        return Setting(f"torch flag {name}", read,
+                       why=f"torch refuses its own value back ({type(exc).__name__})")
+    return Setting(f"torch flag {name}", read, write)
 
 
 def _autocast(torch: Any, device: str) -> Setting:

@@ -59,29 +59,38 @@ Example::
 
 from __future__ import annotations
 
-import csv
+import atexit
 import json
 import os
 import stat
 import sys
-import sysconfig
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from importlib.machinery import all_suffixes
 from importlib.util import source_from_cache
 from typing import Any
 
-__all__ = ["ABSENT", "CHANGED", "IMPORTABLE_SUFFIXES", "ReadObserver", "importable",
-           "signature", "warm"]
+from cpmatrix.remote.classify import Classifier
+from cpmatrix.remote.follow import (
+    CHANGED,
+    FOLLOW_ENV,
+    SKIP_ENV,
+    STARTS,
+    ChildLog,
+    add_children,
+    enter_follow,
+    expectation,
+    leave_follow,
+    named_files,
+)
+
+__all__ = ["ABSENT", "CHANGED", "IMPORTABLE_SUFFIXES", "ReadObserver", "child_main",
+           "importable", "signature", "warm"]
 
 #: The signature of a path that does not exist.
 ABSENT = "-"
-#: The signature of a path whose content changed while the cell depended on it.
-CHANGED = "!"
 #: File suffixes an import can load (``.py``, ``.pyc``, extension modules), and ``.pth``.
 IMPORTABLE_SUFFIXES = (*all_suffixes(), ".pth")
-#: Never observed: the kernel's views, not files a cell's verdict can depend on.
-_SYSTEM = ("/proc/", "/sys/", "/dev/")
 
 
 def signature(path: str) -> str:
@@ -119,92 +128,14 @@ def importable(name: str) -> bool:
     return not dot or name.endswith(IMPORTABLE_SUFFIXES)
 
 
-def _record_files(entries: Iterable[str]) -> frozenset[str]:
-    """Every file listed in the ``RECORD`` of a non-editable distribution on ``entries``.
-
-    Read with plain string operations (importlib.metadata's objects cost seconds for
-    torch's ~30,000 lines); paths outside the folder (``../../bin/x``) are skipped.
-    """
-    files: set[str] = set()
-    for entry in dict.fromkeys(entries):
-        try:
-            names = os.listdir(entry)
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith(".dist-info"):
-                continue
-            info = os.path.join(entry, name)
-            try:
-                with open(os.path.join(info, "direct_url.json"), encoding="utf-8") as f:
-                    url = json.load(f)
-            except (OSError, ValueError):
-                url = {}
-            dir_info = url.get("dir_info") if isinstance(url, dict) else None
-            if isinstance(dir_info, dict) and dir_info.get("editable"):
-                continue  # PEP 610: an editable install, whose sources are observed
-            try:
-                with open(os.path.join(info, "RECORD"), encoding="utf-8") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            base = entry + os.sep
-            for line in text.splitlines():
-                if not line or line.startswith(".."):
-                    continue
-                if line.startswith('"'):  # a quoted path (it holds a comma)
-                    line = next(csv.reader([line]))[0]
-                    files.add(os.path.normpath(base + line))
-                else:
-                    files.add(base + line.partition(",")[0])
-    return frozenset(files)
-
-
-class _Classifier:
-    """Decides once per path whether it is outside the standard library and the RECORDs
-    (the part that does not depend on a world: made once per process, see :func:`warm`)."""
-
-    def __init__(self) -> None:
-        base = sysconfig.get_paths(vars={"base": sys.base_prefix,
-                                         "platbase": sys.base_exec_prefix})
-        stdlib = {base["stdlib"], base["platstdlib"]}
-        stdlib |= {os.path.realpath(p) for p in stdlib}
-        version = f"python{sys.version_info[0]}{sys.version_info[1]}.zip"
-        self.zips = (os.path.join(sys.base_prefix, "lib", version),
-                     os.path.join(sys.base_exec_prefix, "lib", version))
-        self.stdlib = tuple(p.rstrip(os.sep) + os.sep for p in stdlib)
-        #: Site folders live under the stdlib folder in a plain (non-venv) install:
-        #: what is below them is not the standard library.
-        sites = {p for p in sys.path if os.path.basename(p) in ("site-packages",
-                                                                 "dist-packages")}
-        sites |= {os.path.realpath(p) for p in sites}
-        self.sites = tuple(p.rstrip(os.sep) + os.sep for p in sites)
-        self.record = _record_files(os.path.abspath(p) for p in sys.path if p)
-        self.memo: dict[str, bool] = {}
-
-    def observed(self, path: str) -> bool:
-        hit = self.memo.get(path)
-        if hit is not None:
-            return hit
-        inside = path + os.sep  # a folder itself is inside its own prefix
-        if inside.startswith(_SYSTEM) or path in self.zips or path in self.record or (
-                inside.startswith(self.stdlib) and not inside.startswith(self.sites)):
-            verdict = False
-        else:
-            # A package folder of a distribution (its __init__ is in the RECORD).
-            verdict = os.path.join(path, "__init__.py") not in self.record
-        self.memo[path] = verdict
-        return verdict
-
-
 #: Made once per process (:func:`warm`): the classifier and, per loaded module, (a weak
 #: reference to it, its observed file or "", the file's signature when first seen, its
 #: observed package folders).
-_CLASSIFIER: _Classifier | None = None
+_CLASSIFIER: Classifier | None = None
 _MODULES: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {}
 
 
-def warm() -> _Classifier:
+def warm() -> Classifier:
     """Read the RECORDs and look at every module loaded so far, once per process.
 
     The fork launcher imports the rank's module before it forks; a call there does the
@@ -213,7 +144,7 @@ def warm() -> _Classifier:
     """
     global _CLASSIFIER
     if _CLASSIFIER is None:
-        _CLASSIFIER = _Classifier()
+        _CLASSIFIER = Classifier()
         _scan(_MODULES, _CLASSIFIER.observed, {})
     return _CLASSIFIER
 
@@ -235,14 +166,29 @@ class ReadObserver:
     """Records, per cell, what the cell read (see the module docstring).
 
     ``skip``: folders never observed (the run's output folder: a cell's own files).
+    ``follow``: a folder (inside ``skip``) where each cell's followed children log what
+    they read (:mod:`cpmatrix.remote.follow`); without it, a cell that starts a process
+    is unobservable. ``trust_installed``: a start of an executable listed in a
+    distribution's RECORD is not followed (the compile job's ``ptxas``, whose binary
+    is in the toolchain key and whose one input is the PTX the job wrote itself).
     """
 
     _hook_installed = False
     _current: ReadObserver | None = None
 
-    def __init__(self, skip: Sequence[str]) -> None:
+    def __init__(self, skip: Sequence[str], *, follow: str = "",
+                 trust_installed: bool = False) -> None:
         self.classifier = warm()
         self.skip = tuple(p.rstrip(os.sep) + os.sep for p in skip if p)
+        self.follow = follow
+        self.trust_installed = trust_installed
+        #: This cell's children's log folder, and the environment it replaced.
+        self.follow_dir = ""
+        self.saved_env: dict[str, str | None] = {}
+        #: The starts this process made during the cell (:func:`follow.expectation`).
+        self.expect: list[tuple[str, Any, Any]] = []
+        #: In a followed process: the log each read and start is appended to.
+        self.log: ChildLog | None = None
         self.active = False
         #: Why the observer failed during this cell ("" while it did not).
         self.failed = ""
@@ -258,6 +204,7 @@ class ReadObserver:
         ReadObserver._current = self
         if not ReadObserver._hook_installed:
             sys.addaudithook(_dispatch)
+            os.register_at_fork(after_in_child=_after_fork)
             ReadObserver._hook_installed = True
         # Modules loaded before the first cell (the world's own imports): their
         # signature when first seen is the nearest to their load time one can know.
@@ -273,14 +220,38 @@ class ReadObserver:
         self.reads = {}
         self.produced = set()
         self.failed = ""
+        self.expect = []
+        if self.follow and self.log is None:
+            self.follow_dir, self.saved_env = enter_follow(
+                self.follow, [p.rstrip(os.sep) for p in self.skip])
         self.active = True
+
+    def log_to(self, log: ChildLog) -> None:
+        """Record this (followed) process into ``log`` from now on."""
+        self.log = log
+        self.start()
+
+    def finish_log(self) -> None:
+        """At a followed process's clean exit: its whole observed set, once more."""
+        if self.log is not None and self.active:
+            self.active = False
+            self.log.line({"final": self._observed()})
+
+    def _record(self, path: str, sig: str) -> None:
+        self.reads[path] = sig
+        if self.log is not None:
+            self.log.line({"r": [path, sig]})
 
     def stop(self) -> dict[str, str] | None:
         """Stop recording; the cell's observed set (path -> signature), or None when the
         observer failed during the cell (the cell then is never cached)."""
         self.active = False
+        leave_follow(self.saved_env)
+        self.saved_env = {}
         try:
             observed = self._observed()
+            folder, self.follow_dir = self.follow_dir, ""
+            add_children(observed, folder, self.expect)
         except Exception as exc:  # never let the observer fail a cell or a rank
             self.failed = self.failed or f"{type(exc).__name__}: {exc}"
         if self.failed:
@@ -328,7 +299,26 @@ class ReadObserver:
             path = _absolute(args[0] if args else None)
             if path is not None and path not in self.reads and self.observed(path):
                 sig = signature(path)
-                self.reads[path] = ("d" + sig[1:]) if sig.startswith("d:") else sig
+                self._record(path, ("d" + sig[1:]) if sig.startswith("d:") else sig)
+        else:
+            self._on_start(event, args)
+
+    def _on_start(self, event: str, args: tuple[Any, ...]) -> None:
+        """A process start: its executable and the files its arguments name are read;
+        the start itself must be answered by the log of the process it starts."""
+        start = expectation(event, args, pid=os.getpid())
+        if start is None:
+            return
+        exe, files = named_files(event, args, os.environ)
+        if self.trust_installed and exe is not None and exe in self.classifier.record:
+            return
+        for path in ([exe] if exe else []) + files:
+            if path not in self.reads and path not in self.produced and self.observed(path):
+                self._record(path, signature(path))
+        if self.log is not None:
+            self.log.line({"e": list(start)})
+        else:
+            self.expect.append(start)
 
     def _on_open(self, path: Any, mode: Any = "r", flags: Any = 0) -> None:
         if not isinstance(path, str | bytes | os.PathLike):
@@ -356,7 +346,7 @@ class ReadObserver:
         if truncating:
             self.produced.add(full)  # from here on its content is the cell's own output
         elif reading and full not in self.produced:
-            self.reads[full] = signature(full)
+            self._record(full, signature(full))
 
     # ---------------------------------------------------------------- modules
     def _scan_modules(self, opened: dict[str, str],
@@ -451,6 +441,37 @@ def _dispatch(event: str, args: tuple[Any, ...]) -> None:
     observer = ReadObserver._current
     if observer is None or not observer.active:
         return
-    # Nothing the observer does raises these events (no open, no listing): no re-entry.
-    if event == "open" or event == "os.listdir" or event == "os.scandir":
+    # Nothing the observer does raises these events (no open, no listing, no start):
+    # no re-entry.
+    if event == "open" or event == "os.listdir" or event == "os.scandir" or \
+            event in STARTS:
         observer.on_event(event, args)
+
+
+def _after_fork() -> None:
+    """In a forked child of a recorded cell: the inherited observer logs for the rank."""
+    observer = ReadObserver._current
+    if observer is not None and observer.active:
+        observer.active = False  # opening the log raises an audit event
+        folder = observer.log.folder if observer.log is not None else observer.follow_dir
+        observer.follow_dir, observer.saved_env = "", {}
+        observer.reads, observer.expect = {}, []
+        if folder:  # else nobody to log to: the fork stays unanswered
+            observer.log = ChildLog(folder, forked=True)
+            observer.active = True
+
+
+def child_main() -> None:
+    """In a Python child of a cell (``follow_site/sitecustomize.py``): when the cell's
+    environment asks for it (:mod:`cpmatrix.remote.follow`), observe this process's
+    reads into a log of its own until it exits."""
+    folder = os.environ.get(FOLLOW_ENV)
+    if not folder or not os.path.isdir(folder):
+        return
+    try:
+        skip = [str(s) for s in json.loads(os.environ.get(SKIP_ENV, "[]"))]
+    except (ValueError, TypeError):
+        skip = []
+    observer = ReadObserver(skip=[*skip, folder])
+    observer.log_to(ChildLog(folder, forked=False))
+    atexit.register(observer.finish_log)

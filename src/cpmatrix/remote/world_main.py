@@ -233,8 +233,10 @@ class _Rank:
                                        namespaces=_PREBUILT[0] if _PREBUILT and not world.prepare
                                        else None)
         # What each cell reads completes the cache key (the run's own folder is the
-        # cells': their working folders, HOME and TMPDIR are under it).
-        self.observer = ReadObserver(skip=(world.out_root, world.dir))
+        # cells': their working folders, HOME and TMPDIR are under it); the processes a
+        # cell starts log theirs under the world's folder (cpmatrix.remote.follow).
+        self.observer = ReadObserver(skip=(world.out_root, world.dir),
+                                     follow=os.path.join(world.dir, "follow"))
         #: Set once a cell changed what cannot be restored: this process runs no more
         #: cells, it only tells the peers of its remaining cells to skip them.
         self.tainted = False

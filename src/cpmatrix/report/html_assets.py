@@ -114,7 +114,7 @@ function show(i){
   const add=(k,v)=>{const r=t.insertRow();
     r.insertCell().textContent=k;r.insertCell().textContent=v;};
   ['mesh','world_size','dtype','autocast','path','params','tags','duration','attempts',
-   'failing_ranks','message','digest'].forEach(k=>{if(c.props[k])add(k,c.props[k]);});
+   'failing_ranks','message','digest','source.machine'].forEach(k=>{if(c.props[k])add(k,c.props[k]);});
   Object.entries(c.evidence).forEach(([k,v])=>add('evidence.'+k,v));
   c.mutants.forEach(([m,o,by])=>add('mutant '+m,o+(by?' by '+by:'')));
   panel.append(t);

@@ -11,7 +11,8 @@ The key has two halves (docs/cache.md says what each covers):
   runs in a world: the import closure of the world-side entry points), the runner's
   identity (the image id in a container), the interpreter that runs the worlds, its
   distributions and its site configuration (:mod:`cpmatrix.run.toolchain`), the
-  environment allow-list and the platform's environment, the mutant;
+  environment allow-list and the platform's environment, the mutant, the machine's
+  hardware and stack identity (:mod:`cpmatrix.run.machine`);
 - the **observed set** (:mod:`cpmatrix.remote.observe`): every file and folder the cell
   read on any rank, outside the standard library and non-editable distributions' RECORDs,
   however it was read (an editable install, ``importlib``, a folder added to
@@ -64,6 +65,7 @@ from cpmatrix.digest import ModuleSources, canonical_json
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import PACKAGE_DIR
+from cpmatrix.remote.follow import UNOBSERVED, merge_signatures
 from cpmatrix.remote.observe import ABSENT, CHANGED, importable, signature
 from cpmatrix.result import Result, Status
 from cpmatrix.run.portable import NO_ANCHORS, Anchors
@@ -210,34 +212,40 @@ class ActionKeys:
     def digest(
         self, cell: Cell, *, runner_identity: Mapping[str, str], env: Mapping[str, str],
         toolchain: Mapping[str, str], mutant: str = "",
+        machine: Mapping[str, str] | None = None,
     ) -> str:
-        """The static pre-key: the cell's source digest and where and how it runs."""
+        """The static pre-key: the cell's source digest and where and how it runs,
+        on what machine (:mod:`cpmatrix.run.machine`: ISA flags, GPU, driver, ...)."""
         payload = {
             "source": self.source_digest(cell),
             "runner": dict(runner_identity),
             "toolchain": dict(toolchain),
             "env": dict(env),
             "mutant": mutant,
+            "machine": dict(machine or {}),
         }
         return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
 def merge_reads(per_rank: Sequence[Mapping[str, str] | None]) -> dict[str, str] | None:
     """The observed sets of a cell's ranks as one: a path two ranks saw with different
-    signatures (it changed between their reads) is ``CHANGED``; None when some rank's set
-    is unknown (not observed).
+    signatures (it changed between their reads) is ``CHANGED``, unless one of them is an
+    unobservable start (``?``: why), which stays; None when some rank's set is unknown
+    (not observed).
 
     >>> merge_reads([{"a": "f:1", "b": "-"}, {"a": "f:1", "c": "f:2"}])
     {'a': 'f:1', 'b': '-', 'c': 'f:2'}
     >>> merge_reads([{"a": "f:1"}, {"a": "f:2"}]), merge_reads([{"a": "f:1"}, None])
     ({'a': '!'}, None)
+    >>> merge_reads([{"s": "?it ran cat"}, {"s": "?it ran ls"}])
+    {'s': '?it ran cat'}
     """
     merged: dict[str, str] = {}
     for reads in per_rank:
         if reads is None:
             return None
         for path, sig in reads.items():
-            merged[path] = sig if merged.setdefault(path, sig) == sig else CHANGED
+            merged[path] = merge_signatures(merged.setdefault(path, sig), sig)
     return merged
 
 
@@ -304,6 +312,9 @@ class ReadHashes:
         the shared folders; a file they saw that is not here is the image's, which the
         runner's identity covers.
         """
+        for _, sig in sorted(reads.items()):
+            if sig.startswith(UNOBSERVED):  # a process the cell started was not followed
+                return sig[len(UNOBSERVED):]
         hashes: dict[str, str] = {}
         for path, sig in sorted(reads.items()):
             if sig == CHANGED:

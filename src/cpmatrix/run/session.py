@@ -101,7 +101,7 @@ class Known:
     ones), declared mutants, cells skipped here with why, recorded histories."""
 
     cached: Mapping[str, Result] = field(default_factory=dict)
-    store: Callable[[Cell, Result], None] | None = None
+    store: Callable[[Cell, Result], str] | None = None
     mutants: Mapping[str, Sequence[str]] | None = None
     #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
     #: visible, see :func:`cpmatrix.run.plan.fit_to_devices`): reported ``skipped``.
@@ -256,7 +256,7 @@ class _Session:
     """The state of one run: the queue of batches, the running jobs, and the results."""
 
     def __init__(self, context: RunContext, platforms: Mapping[str, Platform], *,
-                 pool: JobPool, store: Callable[[Cell, Result], None] | None,
+                 pool: JobPool, store: Callable[[Cell, Result], str] | None,
                  on_result: Callable[[Entry, Result], None] | None) -> None:
         self.context = context
         self.wrap_job = pool.wrap_job
@@ -335,7 +335,9 @@ class _Session:
                 return
         assert final is not None
         if self.store is not None and final.status is Status.PASSED and not entry.mutant:
-            self.store(entry.cell, final)
+            why = self.store(entry.cell, final)
+            if why:  # in the report: a pass that will run again, and why
+                final = replace(final, evidence={**final.evidence, "not_cached": why})
         self.record(item.batch.removesuffix("-retry"), entry, final)
         if not entry.mutant:
             self.judge_pending(entry.cell.id)

@@ -32,6 +32,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.devices import visible_cuda_devices
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import executor_for
+from cpmatrix.run.machine import LocalMachine, MachineIdentity, MachineSource, machine_identity
 from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
@@ -46,7 +47,9 @@ from cpmatrix.run.toolchain import probe_interpreter
 
 __all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
 
-Store = Callable[[Cell, Result], None]
+#: Stores a fresh pass; returns why it was not stored ("" when it was, or was not
+#: meant to be: a failure, a retried pass).
+Store = Callable[[Cell, Result], str]
 
 
 @dataclass
@@ -69,6 +72,8 @@ class PreparedRun:
     cache_note: str = ""
     #: The local and remote caches, to finish (uploads) after the run; None: --no-cache.
     cache_layers: CacheLayers | None = None
+    #: The machine the cells run on (in their keys and their results' source).
+    machine: MachineIdentity | None = None
 
 
 def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
@@ -159,12 +164,13 @@ def cache_root(options: RunOptions) -> Path:
 def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
                 claim: OutClaim, *, keys: ActionKeys | None = None,
                 selection: Sequence[Cell] | None = None, order: str = "",
-                scheduler: Scheduler) -> PreparedRun:
+                scheduler: Scheduler, machine: MachineSource | None = None) -> PreparedRun:
     """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
 
     ``keys``: the run's source digests (made here if not given); ``selection``: the whole
     selection when ``cells`` is one shard of it (``run.json`` records the digests of
-    all of it); ``order``: ``--order`` as resolved (recorded).
+    all of it); ``order``: ``--order`` as resolved (recorded); ``machine``: what
+    describes the machine (default: this one, :class:`~cpmatrix.run.machine.LocalMachine`).
 
     Raises :class:`UsageError` (exit 2) for what cannot run here: cuda cells with no
     device, an unusable runner, an interpreter that cannot run, a case whose mutants
@@ -183,18 +189,28 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     keys = keys if keys is not None else ActionKeys(search_path=matrix.pythonpath)
     source = run_source(matrix.path, keys, made=matrix)
     mine = cell_digests(cells, keys)
+    ident = machine_identity(
+        # The capability memo is a fact of this machine, not a result: one folder for
+        # every --cache-dir (its name holds the toolchain and the CPU flags).
+        machine if machine is not None else LocalMachine(
+            options.python, memo=default_cache_dir() / "machine", toolchain=toolchain),
+        {platforms[c.platform].device for c in fits})
+    platform_of = {c.id: c.platform for c in cells}
+    sources = {cid: {**s, "machine": ident.summary(platforms[platform_of[cid]].device)}
+               for cid, s in stamp(mine, source).items()}
     context = replace(make_context(matrix, out, runner, options, claim.run_id),
-                      sources=stamp(mine, source), order=order)
+                      sources=sources, order=order)
     mutants = discover_mutants(matrix.pythonpath, fits, options.python) \
         if options.mutants else None
     cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
                                                mutants is not None, toolchain, keys, anchors,
-                                               remote_settings(options.caching, matrix))
+                                               remote_settings(options.caching, matrix), ident)
     # Everything that can refuse the run is behind us: only now does the last run's
     # evidence make way (into previous/), so a run that cannot start leaves it whole.
     claim.take_over()
     atomic_write_json(RunLayout(out).run_info, {
         "run_id": claim.run_id, "argv": sys.argv, "toolchain": toolchain,
+        "machine": {"cpu": ident.cpu, **({"cuda": ident.cuda} if ident.cuda else {})},
         "runner": runner.name, "order": order or "planned",
         # The digest of every selected cell (a shard's: the whole selection's), so a
         # merge can refuse shards of different sources even when they share no cell.
@@ -204,13 +220,13 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     return PreparedRun(cells=fits, skipped=skipped, platforms=platforms, devices=devices,
                        runner=runner, why_runner=why, context=context, toolchain=toolchain,
                        mutants=mutants, cached=cached, store=store, cache_note=note,
-                       cache_layers=layers)
+                       cache_layers=layers, machine=ident)
 
 
 def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext,
                  platforms: Mapping[str, Platform], mutants: bool,
                  toolchain: Mapping[str, str], keys: ActionKeys, anchors: Anchors,
-                 remote: RemoteSettings | None,
+                 remote: RemoteSettings | None, machine: MachineIdentity,
                  ) -> tuple[dict[str, Result], Store | None, str, CacheLayers | None]:
     """Cached passes for ``cells``, a function that stores new passes, a line on the
     lookup, and the cache's layers (local, remote) to finish after the run."""
@@ -226,7 +242,8 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
         c.id: keys.digest(c, runner_identity={**identity,
                                               **executor_for(c.kind).cache_identity()},
                           env={**allow, **dict(platforms[c.platform].env)},
-                          toolchain=toolchain)
+                          toolchain=toolchain,
+                          machine=machine.for_device(platforms[c.platform].device))
         for c in cells
     }
     layers = CacheLayers(cache, None if remote is None else RemoteCache(remote), digests,
@@ -238,15 +255,16 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
             f"{time.monotonic() - t0:.2f} s, {hashes.hashed} files hashed)")
     private = context.runner.private_files
 
-    def store(cell: Cell, result: Result) -> None:
+    def store(cell: Cell, result: Result) -> str:
         if result.reads is None:
-            print(f"note: {cell.id} is not cached: what it read was not observed on every "
-                  "rank", file=sys.stderr)
-            return
-        settled = hashes.settle(result.reads, private_files=private)
-        if isinstance(settled, str):
-            print(f"note: {cell.id} is not cached: {settled}", file=sys.stderr)
-            return
-        layers.store(cell, result, settled)
+            why = "what it read was not observed on every rank"
+        else:
+            settled = hashes.settle(result.reads, private_files=private)
+            if not isinstance(settled, str):
+                layers.store(cell, result, settled)
+                return ""
+            why = settled
+        print(f"note: {cell.id} is not cached: {why}", file=sys.stderr)
+        return why
 
     return hits, store, note, layers
