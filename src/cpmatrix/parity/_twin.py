@@ -34,10 +34,28 @@ import torch
 
 from cpmatrix.parity._convert import convert_module
 from cpmatrix.parity._inputs import rebuild
-from cpmatrix.parity.compare import flatten
+from cpmatrix.parity.compare import Probed, flatten
 from cpmatrix.parity.dtypes import twin_running
 
-__all__ = ["Twin", "make_twin", "upcast", "upcast_inputs"]
+__all__ = [
+    "PROBE_SEED",
+    "PROBE_ULPS",
+    "Twin",
+    "make_twin",
+    "probe_step",
+    "run_probes",
+    "upcast",
+    "upcast_inputs",
+]
+
+#: The probes' step, in ulps (eps) of the precision the cell computes in, relative to each
+#: value: the rounding one op can cost is half an ulp; the step covers several ops'
+#: rounding adding up, so a decision the serial or CP side's rounding flips is flipped by
+#: one of the two probes too (docs/parity.md, "Discrete decisions").
+PROBE_ULPS = 2.0
+#: The probes' random signs come from a generator of their own (the case's draws are
+#: never moved), seeded alike for both probes: they are exact opposites.
+PROBE_SEED = 20261206
 
 
 @dataclasses.dataclass(slots=True)
@@ -51,6 +69,10 @@ class Twin:
     input_grads: dict[str, Any] = dataclasses.field(default_factory=dict)
     param_grads: dict[str, Any] = dataclasses.field(default_factory=dict)
     buffers: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Why the antithetic probes did not run ("" where they did, or were not asked for).
+    probe_why: str = ""
+    #: Whether the probes ran and its values are :class:`~cpmatrix.parity.compare.Probed`.
+    probed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -156,6 +178,109 @@ def backward_twin(outs: Mapping[str, Any], grads: Mapping[str, torch.Tensor]) ->
             if isinstance(outs.get(n), torch.Tensor) and outs[n].requires_grad]
     if tensors:
         torch.autograd.backward(tensors, wide)
+
+
+def probe_step(t: torch.Tensor, sign: float, step: float, gen: torch.Generator,
+               *, absolute: bool = False) -> torch.Tensor:
+    """``t`` moved by ``sign * step * |t|`` (``absolute``: ``sign * step * rms(t)``, the
+    rounding a sum's result takes at the scale of its terms, which a value near 0 does
+    not show) with a random sign per element from ``gen`` (the same draws for both
+    probes: exact opposites).
+
+    >>> t = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    >>> plus = probe_step(t, 1.0, 0.5, torch.Generator().manual_seed(0))
+    >>> minus = probe_step(t, -1.0, 0.5, torch.Generator().manual_seed(0))
+    >>> (plus + minus).tolist(), (plus - t).abs().tolist()
+    ([0.0, 4.0], [0.0, 1.0])
+    """
+    signs = torch.randint(0, 2, t.shape, generator=gen).to(t.device, t.dtype) * 2 - 1
+    size = (t.detach().square().mean().sqrt() if absolute and t.numel()
+            else t.detach().abs())
+    return t + sign * step * size * signs
+
+
+def _stepper(sign: float, step: float, gen: torch.Generator, *,
+             absolute: bool = False) -> Callable[[str, Any], Any]:
+    """A :func:`~cpmatrix.parity._inputs.rebuild` leaf that moves every floating tensor by
+    a probe step and keeps anything else."""
+    def leaf(_path: str, t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return probe_step(t, sign, step, gen, absolute=absolute)
+        return t
+    return leaf
+
+
+@contextmanager
+def _probing(module: Any, sign: float, step: float, gen: torch.Generator) -> Iterator[None]:
+    """Every submodule's floating outputs moved by a probe step while inside (forward
+    hooks, removed after): the rounding each layer's output takes on the serial side."""
+    handles = []
+    if isinstance(module, torch.nn.Module):
+        step_out = _stepper(sign, step, gen, absolute=True)
+
+        def hook(_m: Any, _args: Any, out: Any) -> Any:
+            return rebuild(out, "", step_out)
+        handles = [m.register_forward_hook(hook) for m in module.modules()]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_probes(twin: Twin, t_ins: Mapping[str, Any], leaves: Sequence[str],
+               s_grads: Mapping[str, torch.Tensor], eps: float) -> None:
+    """Run the twin four times more, its inputs and every module's outputs moved by
+    ``+d`` and ``-d`` (``d = PROBE_ULPS * eps`` times the value, or the rms of a module's
+    output; two patterns of random signs), and wrap each of its values
+    as :class:`~cpmatrix.parity.compare.Probed`: an element whose decision (a ReLU mask, a
+    top-k routing) the cell's rounding can flip jumps under one of the probes.
+
+    A probe that cannot run leaves the values unprobed (``probe_why`` says why): they are
+    judged as without probes, never failed for it."""
+    if not twin.ok:
+        return
+    step = PROBE_ULPS * eps
+    runs: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+    params = dict(twin.module.named_parameters()) \
+        if isinstance(twin.module, torch.nn.Module) else {}
+    kept = {n: p.grad for n, p in params.items()}
+    try:
+        for pattern, sign in ((0, 1.0), (0, -1.0), (1, 1.0), (1, -1.0)):
+            gen = torch.Generator().manual_seed(PROBE_SEED + pattern)
+            for p in params.values():
+                p.grad = None
+            ins, grads = upcast_inputs(t_ins, list(leaves))
+            ins = {n: rebuild(v, n, _stepper(sign, step, gen)) for n, v in ins.items()}
+            with torch.random.fork_rng(devices=[]), twin_running(), \
+                    warnings.catch_warnings(), _probing(twin.module, sign, step, gen):
+                warnings.simplefilter("ignore")
+                out = outputs_of(twin.module(**ins))
+                backward_twin(out, s_grads)
+            runs.append(({n: v.detach() for n, v in out.items() if isinstance(v, torch.Tensor)},
+                         {n: t.grad for n, t in grads.items()},
+                         {n: p.grad for n, p in params.items()}))
+    except Exception as exc:  # the toolkit's extra run: never the user's failure
+        twin.probe_why = f"the probes did not run ({type(exc).__name__}: {str(exc)[:200]})"
+        return
+    finally:
+        for n, p in params.items():
+            p.grad = kept[n]
+    twin.outputs = _probed(twin.outputs, [r[0] for r in runs])
+    twin.input_grads = _probed(twin.input_grads, [r[1] for r in runs])
+    twin.param_grads = _probed(twin.param_grads, [r[2] for r in runs])
+    twin.probed = True
+
+
+def _probed(values: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each value with its probes (one per run), where every probe has a tensor of its
+    shape."""
+    out: dict[str, Any] = {}
+    for name, v in values.items():
+        probes = tuple(run.get(name) for run in runs)
+        fits = all(isinstance(x, torch.Tensor) and x.shape == v.shape for x in (v, *probes))
+        out[name] = Probed(v, probes) if fits else v  # type: ignore[arg-type]
+    return out
 
 
 Factory = Callable[[Any], Any]

@@ -114,6 +114,11 @@ class Verdicts:
                 f"{len(diffs)} tensors within tolerance, worst {worst.name}: max abs "
                 f"{worst.max_abs:.3g}, max rel {worst.max_rel:.3g}"
             )
+        # the elements a discrete decision flipped, pass or fail: named in the evidence
+        flipped = [f"{d.name}: {d.flips.line()}" for d in diffs
+                   if d.ok and d.flips is not None and d.flips.cp]
+        if flipped:
+            self.lines.setdefault(check, []).append("flips: " + "; ".join(flipped))
 
     def check_placements(self, named: Mapping[str, Any], mesh: Any) -> None:
         """Every DTensor on a mesh derived from the cell's (check ``setup``)."""

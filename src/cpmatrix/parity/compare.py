@@ -34,19 +34,33 @@ from typing import Any
 import torch
 
 from cpmatrix.parity.errors import odd_input_fails
+from cpmatrix.parity.flips import (
+    Flips,
+    Probed,
+    Probes,
+    allowed_flips,
+    flip_verdict,
+    probes_of,
+    unstable_mask,
+)
 from cpmatrix.parity.tolerance import Tolerance, TwinRule
 
 __all__ = [
     "POOL_BELOW",
     "Diff",
+    "Flips",
+    "Probed",
+    "allowed_flips",
     "compare_named",
     "flatten",
     "format_diffs",
+    "judge",
     "pooled_noise",
     "ratio_hint",
     "to_full",
     "twin_verdict",
     "uniform_ratio",
+    "unstable_mask",
 ]
 
 
@@ -54,7 +68,6 @@ __all__ = [
 #: land far below the typical error (measured: 1.8e-5 where the noise is ~1e-3), so its
 #: noise estimate is at least its check's pooled one (:func:`pooled_noise`).
 POOL_BELOW = 16
-
 
 def to_full(value: Any) -> Any:
     """A DTensor's global value (``full_tensor()``, which also reduces ``Partial``); else as is.
@@ -116,6 +129,8 @@ class Diff:
     serial_err: float = 0.0
     budget: float = 0.0
     ratio: float | None = None
+    #: The elements a rounding-sized probe flips, judged apart (None: no probe ran).
+    flips: Flips | None = None
 
     def line(self) -> str:
         text = (
@@ -127,6 +142,8 @@ class Diff:
             pooled = ", noise pooled over the check" if self.rule == "twin-pooled" else ""
             text += (f"; {what} {self.twin_err:.3g} vs budget {self.budget:.3g} "
                      f"(serial's own {self.serial_err:.3g}{pooled})")
+        if self.flips is not None and self.flips.unstable:
+            text += f"; {self.flips.line()}"
         return f"{text} ({self.note})" if self.note else text
 
 
@@ -166,9 +183,10 @@ def _diff(
         finite = torch.isfinite(a) & torch.isfinite(e)
         abs_diff = torch.where(equal, 0.0, (a - e).abs())
         twin_t = _twin_of(twin, e)
+        flips: Flips | None = None
         if tol.twin is not None and twin_t is not None:
-            judged = twin_verdict(a, e, twin_t, tol.twin, pooled=pooled)
-            rule, bad_mask, twin_err, serial_err, budget = judged
+            judged = judge(a, e, twin_t, tol.twin, pooled=pooled, probes=probes_of(twin, e))
+            rule, bad_mask, twin_err, serial_err, budget, flips = judged
         else:
             bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
             rule, twin_err, serial_err, budget = "table", 0.0, 0.0, 0.0
@@ -177,7 +195,7 @@ def _diff(
         bad = int(bad_mask.sum())
         return Diff(name, bad == 0 and not note, _worst(abs_diff),
                     _worst(rel) if rel.numel() else 0.0, bad, numel, note, rule,
-                    twin_err, serial_err, budget, uniform_ratio(a, e) if bad else None)
+                    twin_err, serial_err, budget, uniform_ratio(a, e) if bad else None, flips)
     nonzero = e != 0
     rel = abs_diff[nonzero] / e.abs()[nonzero]
     max_abs = _worst(abs_diff)
@@ -190,7 +208,9 @@ def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
     """The twin value as a CPU tensor when it can judge ``expected`` (float64 or
     complex128 already): of the same shape, float64 for a real value and complex128 for a
     complex one (a twin that did not really run in fp64, or computed something else,
-    cannot)."""
+    cannot). A :class:`Probed` twin value gives its ``value``."""
+    if isinstance(twin, Probed):
+        twin = twin.value
     if not isinstance(twin, torch.Tensor) or twin.shape != expected.shape:
         return None
     if twin.dtype != (torch.complex128 if expected.is_complex() else torch.float64):
@@ -210,28 +230,36 @@ def _noise(serial: torch.Tensor, twin: torch.Tensor,
 
 
 def pooled_noise(serial_and_twin: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """The serial side's worst relative rounding (``max |serial - twin| / max |twin|``)
-    over the tensors of one check that estimate it: those of at least :data:`POOL_BELOW`
-    elements, judged elementwise (not rounding noise themselves: ``twin-norm``); 0.0
-    where none does.
+    """The serial side's typical relative rounding over the tensors of one check that
+    estimate it: the median over those tensors of ``max |serial - twin| / max |twin|``
+    (the upper median: with two tensors, the larger), among the tensors of at least
+    :data:`POOL_BELOW` elements judged elementwise (not rounding noise themselves:
+    ``twin-norm``); 0.0 where none does.
+
+    The median, not the worst: one tensor of a cancelling sum rounds at 10x the others'
+    relative error, and a bias pooled with that would hide a bug of 10% (docs/parity.md,
+    "Tensors of one or a few elements").
 
     >>> t = torch.linspace(1.0, 2.0, 32, dtype=torch.float64)
     >>> round(pooled_noise([(t + 1e-3, t), (t[:1] + 0.5, t[:1])]), 6)  # one element: skipped
     0.0005
+    >>> round(pooled_noise([(t + 1e-3, t), (t + 1e-4, t), (t + 0.2, t)]), 6)  # the median
+    0.0005
     """
-    worst = 0.0
+    ratios = []
     for serial, twin in serial_and_twin:
         if serial.numel() < POOL_BELOW:
             continue
         _, _, serial_err, scale = _noise(serial, twin)
         if scale > 0.0 and serial_err < 0.5 * scale:
-            worst = max(worst, serial_err / scale)
-    return worst
+            ratios.append(serial_err / scale)
+    return sorted(ratios)[len(ratios) // 2] if ratios else 0.0
 
 
 def twin_verdict(
     cp: torch.Tensor, serial: torch.Tensor, twin: torch.Tensor, rule: TwinRule,
     *, pooled: float = 0.0,
+    probes: Probes | None = None,
 ) -> tuple[str, torch.Tensor, float, float, float]:
     """Judge ``cp`` by the fp64 twin rule: ``(rule name, bad mask, twin_err, serial_err,
     budget)``. All three are float64 (or complex128) tensors of one shape.
@@ -246,6 +274,12 @@ def twin_verdict(
     ``pooled * max_j |twin_j|`` as the serial side's error (``pooled``: its check's
     relative noise, :func:`pooled_noise`); rule ``twin-pooled`` where that decided.
 
+    ``probes`` (the twin's antithetic probes, :class:`Probed`): the elements they flip
+    (:func:`unstable_mask`) are left out of the stable elements' noise and budget and
+    judged apart (:class:`Flips`, in :func:`judge`): a serial side that flipped one never
+    loosens the rest of its tensor, and a CP side that flipped one fails only when it
+    flipped more than the serial side or the probes did, or moved one farther.
+
     >>> from cpmatrix.parity.tolerance import tolerance_for
     >>> t = torch.tensor([1.0, 2.0], dtype=torch.float64)
     >>> s, c = t + 1e-3, t + torch.tensor([1e-3, 0.1], dtype=torch.float64)
@@ -253,24 +287,50 @@ def twin_verdict(
     >>> name, bad.tolist(), round(budget, 4)
     ('twin', [False, True], 0.0665)
     """
+    name, bad, twin_err, serial_err, budget, _ = judge(cp, serial, twin, rule, pooled=pooled,
+                                                       probes=probes)
+    return name, bad, twin_err, serial_err, budget
+
+
+_Judged = tuple[str, torch.Tensor, float, float, float, "Flips | None"]
+
+
+def judge(
+    cp: torch.Tensor, serial: torch.Tensor, twin: torch.Tensor, rule: TwinRule,
+    *, pooled: float = 0.0,
+    probes: Probes | None = None,
+) -> _Judged:
+    """:func:`twin_verdict`, with the unstable elements' verdict (:class:`Flips`; None
+    without probes) as a sixth value."""
     equal = cp == serial
-    usable, serial_abs, serial_err, scale = _noise(serial, twin)
+    usable, _, _, scale = _noise(serial, twin)
+    floor = rule.floor(scale)
+    unstable = (unstable_mask(twin, probes, floor) & usable if probes is not None
+                else torch.zeros_like(usable))
+    stable = usable & ~unstable
+    serial_abs = torch.where(stable, (serial - twin).abs(), 0.0)
+    serial_err = _worst(serial_abs) if serial_abs.numel() else 0.0
     cp_abs = torch.where(torch.isfinite(cp) & usable, (cp - twin).abs(), math.inf)
     cp_abs = torch.where(equal, 0.0, cp_abs)
-    floor = rule.floor(scale)
-    if serial_err >= 0.5 * scale and bool(usable.any()):
-        n = int(usable.sum())
+    if serial_err >= 0.5 * scale and bool(stable.any()):
+        n = int(stable.sum())
         serial_norm = float(torch.linalg.vector_norm(serial_abs))
-        cp_norm = float(torch.linalg.vector_norm(cp_abs))
+        cp_norm = float(torch.linalg.vector_norm(torch.where(stable, cp_abs, 0.0)))
         budget = rule.factor * serial_norm + floor * math.sqrt(n)
-        bad = torch.full(cp.shape, cp_norm > budget)
-        return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget
+        # the stable elements by their norms; the unstable ones as flips
+        flips, flip_bad = flip_verdict(cp_abs, serial, twin, probes, unstable,
+                                 torch.zeros_like(stable), equal,
+                                 rule.budget(serial_err=serial_err, scale=scale), rule.factor)
+        bad = (torch.full(cp.shape, cp_norm > budget) & stable) | flip_bad
+        return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget, flips
     estimate = pooled * scale if cp.numel() < POOL_BELOW else 0.0
     name = "twin-pooled" if estimate > serial_err else "twin"
     budget = rule.budget(serial_err=max(serial_err, estimate), scale=scale)
-    bad = ~(equal | (cp_abs <= budget))
-    twin_err = _worst(cp_abs) if cp_abs.numel() else 0.0
-    return name, bad, twin_err, serial_err, budget
+    flips, bad = flip_verdict(cp_abs, serial, twin, probes, unstable, stable | ~usable, equal,
+                        budget, rule.factor)
+    stable_cp = torch.where(unstable, 0.0, cp_abs)
+    twin_err = _worst(stable_cp) if stable_cp.numel() else 0.0
+    return name, bad, twin_err, serial_err, budget, flips
 
 
 def uniform_ratio(cp: torch.Tensor, serial: torch.Tensor) -> float | None:
@@ -371,20 +431,27 @@ def compare_named(
         named = [(name, *_unpack(value)) for name, value in pairs.items()]
     full = [(name, to_full(a), to_full(e), t) for name, a, e, t in named]  # collectives
     with odd_input_fails("setup"):
-        pooled = pooled_noise(_serial_and_twin(full)) if tol.twin is not None else 0.0
+        pooled = pooled_noise(_serial_and_twin(full, tol.twin)) if tol.twin is not None else 0.0
         return [_diff(name, a, e, tol, t, pooled) for name, a, e, t in full]
 
 
-def _serial_and_twin(full: list[tuple[str, Any, Any, Any]],
+def _serial_and_twin(full: list[tuple[str, Any, Any, Any]], rule: TwinRule,
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(serial, twin) in float64 (or complex128) for each tensor a twin can judge."""
+    """(serial, twin) in float64 (or complex128) for each tensor a twin can judge; the
+    serial side's unstable elements (:func:`unstable_mask`) set to the twin's value: a
+    flip is no sample of the rounding."""
     for _, _, e, t in full:
         if not isinstance(e, torch.Tensor) or _exact(e):
             continue
         wide = e.detach().cpu().to(torch.promote_types(e.dtype, torch.float64))
         twin_t = _twin_of(t, wide)
-        if twin_t is not None:
-            yield wide, twin_t
+        if twin_t is None:
+            continue
+        probes = probes_of(t, wide)
+        if probes is not None:
+            _, _, _, scale = _noise(wide, twin_t)
+            wide = torch.where(unstable_mask(twin_t, probes, rule.floor(scale)), twin_t, wide)
+        yield wide, twin_t
 
 
 def _unpack(value: tuple[Any, ...]) -> tuple[Any, Any, Any]:

@@ -59,6 +59,7 @@ from cpmatrix.parity._twin import (
     backward_twin,
     make_twin,
     outputs_of,
+    run_probes,
     upcast_inputs,
 )
 from cpmatrix.parity._verdicts import (
@@ -277,8 +278,9 @@ def _check_step(
             if not shapes:
                 cp_backward(ins, s_grads, c_leaves, axes_of, verdicts)
     record_warnings(verdicts, warns)
-    if twin.ok:
+    if twin.ok and tol.twin is not None:
         _run_twin(twin, t_ins, t_leaves, s_grads)
+        run_probes(twin, t_ins, list(t_leaves), s_grads, tol.twin.eps)
     verdicts.evidence["twin"] = twin_line(tol, twin)
 
     check_sharding_active(cell, verdicts, ins, c_leaves, cp, cp_params, activations)

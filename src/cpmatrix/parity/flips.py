@@ -1,0 +1,200 @@
+"""Branch-aware judging: the elements whose value depends on a discrete decision (a ReLU
+mask, a top-k routing, a comparison) that rounding can flip.
+
+The fp64 twin rule assumes the error grows smoothly with rounding. Where a decision flips,
+an element moves by O(value): on the CP side that false-fails correct code, on the serial
+side it inflates the budget of the whole tensor until a real bug hides in it. So the twin
+runs again with antithetic probes (:func:`cpmatrix.parity._twin.run_probes`): the elements
+that jump under one of them are *unstable* (:func:`unstable_mask`). They are kept out of
+the stable elements' noise and budget, and the elements the CP side moves off that budget
+are judged as a population of their own (:func:`flip_verdict`): about as many as the
+serial side or one probe moved (:func:`allowed_flips`), each within the reach of a flip.
+Derivation and measurements: docs/parity.md, "Discrete decisions".
+
+Example::
+
+    >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
+    >>> jump = torch.tensor([0.0, 0.0, 0.8], dtype=torch.float64)
+    >>> unstable_mask(t, (t + jump, t), 1e-6).tolist()
+    [False, False, True]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "NAMED_FLIPS",
+    "Flips",
+    "Probed",
+    "Probes",
+    "allowed_flips",
+    "flip_verdict",
+    "probes_of",
+    "unstable_mask",
+]
+
+#: At most this many flipped elements are named in the evidence (the count is always given).
+NAMED_FLIPS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """A twin value with its antithetic probes: the twin run again with its inputs and
+    every module's outputs moved by ``+d`` and ``-d`` (``d`` a rounding-sized step with
+    random signs, :func:`cpmatrix.parity._twin.run_probes`), ``probes`` in pairs
+    ``(plus, minus, plus, minus, ...)``, one pair per sign pattern. Where the value is a
+    smooth function of those, ``plus + minus - 2 * value`` is second order in ``d``
+    (tiny); where a discrete decision flips under one of them (a ReLU mask, a top-k
+    routing) it is the size of the jump (:func:`unstable_mask`)."""
+
+    value: torch.Tensor
+    probes: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Flips:
+    """The unstable elements of one tensor, judged as a population of their own.
+
+    ``unstable``: how many elements flip under a rounding-sized probe; ``cp`` and
+    ``serial``: how many of them each side moved beyond the stable elements' budget;
+    ``allowed``: how many the CP side may move so (``allowed_flips``); ``where``: the
+    first :data:`NAMED_FLIPS` indices the CP side moved; ``ok``: within ``allowed``, each
+    within its element's reach (``factor`` times the farthest that serial or a probe moved
+    it, plus the budget).
+    """
+
+    unstable: int
+    cp: int
+    serial: int
+    allowed: int
+    where: tuple[tuple[int, ...], ...] = ()
+    ok: bool = True
+
+    def line(self) -> str:
+        named = ", ".join(str(w[0]) if len(w) == 1 else str(w) for w in self.where)
+        more = ", ..." if self.cp > len(self.where) else ""
+        text = (
+            f"{self.unstable} unstable (a rounding-sized probe flips them): CP moved "
+            f"{self.cp} [{named}{more}], serial {self.serial}, allowed {self.allowed}"
+        )
+        return text if self.ok else text + ", FLIPS BEYOND THE SERIAL SIDE'S"
+
+
+def allowed_flips(base: int) -> int:
+    """How many unstable elements the CP side may move off the budget where the serial
+    side or a probe moved ``base``: about as many, plus a small slack (one, and half as
+    many again: which near-ties a different rounding order flips is itself random).
+
+    >>> [allowed_flips(n) for n in (0, 1, 2, 10)]
+    [1, 2, 4, 16]
+    """
+    return base + 1 + base // 2
+
+
+Probes = tuple[torch.Tensor, ...]
+
+
+def probes_of(twin: Any, expected: torch.Tensor) -> Probes | None:
+    """A :class:`Probed` twin value's probes, when every one can judge ``expected`` as the
+    twin value itself can and they come in pairs; None otherwise."""
+    if not isinstance(twin, Probed) or not twin.probes or len(twin.probes) % 2:
+        return None
+    probes = tuple(_as_twin(p, expected) for p in twin.probes)
+    if any(p is None for p in probes):
+        return None
+    return probes  # type: ignore[return-value]
+
+
+def unstable_mask(twin: torch.Tensor, probes: Probes, threshold: float) -> torch.Tensor:
+    """The elements whose value jumps under an antithetic pair of probes (``probes``:
+    ``plus, minus, plus, minus, ...``): ``|plus + minus - 2 * twin| > threshold`` for any
+    pair (a smooth value moves by opposite amounts, to first order, under opposite steps;
+    a flipped decision moves it one way only, by the jump; two pairs of independent signs,
+    because two jumps of one pair can cancel in one element), or not finite under a
+    probe while finite in the twin.
+
+    >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
+    >>> unstable_mask(t, (t + 1e-3, t - 1e-3), 1e-6).tolist()  # smooth: moves both ways
+    [False, False, False]
+    >>> jump = torch.tensor([0.0, 0.0, 0.8], dtype=torch.float64)
+    >>> unstable_mask(t, (t + 1e-3, t - 1e-3, t + jump, t), 1e-6).tolist()  # 2nd pair: flips
+    [False, False, True]
+    """
+    out = torch.zeros(twin.shape, dtype=torch.bool)
+    for plus, minus in zip(probes[0::2], probes[1::2], strict=True):
+        jump = (plus + minus - 2 * twin).abs()
+        finite = torch.isfinite(plus) & torch.isfinite(minus)
+        out |= torch.where(finite, jump > threshold, torch.isfinite(twin))
+    return out
+
+
+def _reach(
+    serial: torch.Tensor,
+    twin: torch.Tensor,
+    probes: Probes,
+    unstable: torch.Tensor,
+    budget: float,
+    factor: float,
+) -> float:
+    """How far the CP side may move an element it flips: ``factor`` times the farthest the
+    serial side or a probe moved an unstable element, plus the stable budget (over the
+    tensor, not per element: two flips the probes made can cancel in one element that a
+    single flip of the CP side moves)."""
+    moved = torch.stack(
+        [torch.where(unstable, (side - twin).abs(), 0.0) for side in (serial, *probes)]
+    )
+    return factor * _worst(torch.nan_to_num(moved, nan=0.0, posinf=0.0)) + budget
+
+
+def flip_verdict(
+    cp_abs: torch.Tensor,
+    serial: torch.Tensor,
+    twin: torch.Tensor,
+    probes: Probes | None,
+    unstable: torch.Tensor,
+    stable: torch.Tensor,
+    equal: torch.Tensor,
+    budget: float,
+    factor: float,
+) -> tuple[Flips | None, torch.Tensor]:
+    """The flipped elements' verdict and the ones that fail. In a tensor where the probes
+    found unstable elements, every element the CP side moved off the stable ``budget``
+    counts as a flip: at most about as many as the serial side or one probe moved off it
+    (:func:`allowed_flips`; beyond that every one fails), each within the reach of a flip
+    (:func:`_reach`). Elsewhere (no probes, nothing unstable) there is no flip: the stable
+    elements off ``budget`` fail as they are."""
+    off_cp = ~equal & (cp_abs > budget) & (stable | unstable)
+    if probes is None or not bool(unstable.any()):
+        return None, off_cp
+    moved = [int((unstable & ((side - twin).abs() > budget)).sum()) for side in (serial, *probes)]
+    allowed = allowed_flips(max(moved))
+    n_cp = int(off_cp.sum())
+    bad = (
+        off_cp
+        if n_cp > allowed
+        else off_cp & (cp_abs > _reach(serial, twin, probes, unstable, budget, factor))
+    )
+    where = tuple(tuple(int(i) for i in idx) for idx in off_cp.nonzero()[:NAMED_FLIPS].tolist())
+    return Flips(int(unstable.sum()), n_cp, moved[0], allowed, where, not bool(bad.any())), bad
+
+
+def _as_twin(value: Any, expected: torch.Tensor) -> torch.Tensor | None:
+    """A probe as a CPU tensor that can judge ``expected`` (float64 for a real value,
+    complex128 for a complex one, of its shape), else None."""
+    if not isinstance(value, torch.Tensor) or value.shape != expected.shape:
+        return None
+    if value.dtype != (torch.complex128 if expected.is_complex() else torch.float64):
+        return None
+    return value.detach().cpu()
+
+
+def _worst(values: torch.Tensor) -> float:
+    """The largest value, NaN counted as inf."""
+    if not values.numel():
+        return 0.0
+    return float(torch.nan_to_num(values, nan=math.inf, posinf=math.inf).max())

@@ -1,0 +1,160 @@
+"""Issue 31: the twin rule where rounding is not smooth (a discrete decision flips).
+
+The antithetic probes (the twin run again with +/- a rounding-sized step) mark the
+elements that jump (:func:`unstable_mask`); :func:`judge` keeps them out of the stable
+elements' noise and budget and judges them as a bounded population (:class:`Flips`).
+Pure tensors here; the probes' runs and real cases are in tests/worlds/test_parity_flips.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpmatrix.parity.compare import (
+    Probed,
+    allowed_flips,
+    compare_named,
+    judge,
+    pooled_noise,
+    twin_verdict,
+    unstable_mask,
+)
+from cpmatrix.parity.tolerance import tolerance_for
+
+D = torch.float64
+BF16 = tolerance_for("bf16")
+RULE = BF16.twin
+assert RULE is not None
+
+
+def _case(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(twin, serial): values near 1, the serial side off by ~1e-3 (rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    twin = torch.rand(n, generator=g, dtype=D) + 0.5
+    noise = (torch.rand(n, generator=g, dtype=D) - 0.5) * 2e-3
+    return twin, twin + noise
+
+
+def _probes(twin: torch.Tensor, jumps: dict[int, float]) -> tuple[torch.Tensor, ...]:
+    """Two antithetic pairs: smooth +/- 1e-3 everywhere, plus the given jumps on the +
+    probe of the first pair (a decision that flips one way only)."""
+    step = torch.full_like(twin, 1e-3)
+    plus = twin + step
+    for i, j in jumps.items():
+        plus[i] += j
+    return (plus, twin - step, twin - step, twin + step)
+
+
+def test_unstable_mask_marks_one_sided_jumps_not_smooth_moves() -> None:
+    twin, _ = _case(8)
+    probes = _probes(twin, {3: 0.8})
+    assert unstable_mask(twin, probes, 1e-6).nonzero().flatten().tolist() == [3]
+    # a non-finite probe where the twin is finite: unstable too (an overflow is a jump)
+    probes = (probes[0].clone(), *probes[1:])
+    probes[0][5] = float("inf")
+    assert unstable_mask(twin, probes, 1e-6).nonzero().flatten().tolist() == [3, 5]
+
+
+def test_a_serial_flip_no_longer_switches_off_the_check_of_its_tensor() -> None:
+    # issue 31, finding 2: one serial element moved by O(1) (its decision flipped) made
+    # the budget F * max|s - t| swallow a 10% bug everywhere else in the tensor
+    twin, serial = _case()
+    serial[7] = twin[7] + 1.15
+    buggy = twin * 0.9
+    buggy[7] = serial[7]
+    _, bad, *_ = twin_verdict(buggy, serial, twin, RULE)  # no probes: the old rule
+    assert not bad.any()  # the bug hides
+    probes = _probes(twin, {7: 1.15})
+    _name, bad, _, serial_err, _, flips = judge(buggy, serial, twin, RULE, probes=probes)
+    assert serial_err < 2e-3  # the flip is not noise
+    assert int(bad.sum()) > len(twin) // 2  # the bug is seen
+    assert flips is not None and not flips.ok
+
+
+def test_a_cp_flip_where_the_probes_flip_passes_and_is_named() -> None:
+    # issue 31, finding 1: the CP side takes the other branch on one element
+    twin, serial = _case()
+    cp = twin.clone()
+    cp[7] = twin[7] + 0.6
+    _, bad, *_ = twin_verdict(cp, serial, twin, RULE)  # without probes: fails
+    assert bad.nonzero().flatten().tolist() == [7]
+    _name, bad, twin_err, _, budget, flips = judge(
+        cp, serial, twin, RULE, probes=_probes(twin, {7: 0.6})
+    )
+    assert not bad.any() and twin_err <= budget
+    assert flips is not None and flips.ok
+    # the + probe moved it too: about as many (1) plus the slack
+    assert (flips.unstable, flips.cp, flips.serial, flips.allowed) == (1, 1, 0, 2)
+    assert flips.where == ((7,),)
+    assert "CP moved 1 [7], serial 0, allowed 2" in flips.line()
+
+
+def test_more_cp_flips_than_the_serial_side_or_a_probe_made_fail() -> None:
+    twin, serial = _case()
+    probes = _probes(twin, {7: 0.6})  # one decision is near a tie
+    cp = twin.clone()
+    cp[7] += 0.6
+    cp[9] += 0.6
+    *_, flips = judge(cp, serial, twin, RULE, probes=probes)
+    assert flips is not None and flips.ok and flips.cp == 2 and flips.allowed == 2
+    cp[11] += 0.6  # a third one: too many
+    *_, flips = judge(cp, serial, twin, RULE, probes=probes)
+    assert flips is not None and not flips.ok and flips.cp == 3
+    assert flips.line().endswith("FLIPS BEYOND THE SERIAL SIDE'S")
+    _name, bad, *_ = twin_verdict(cp, serial, twin, RULE, probes=probes)
+    assert bad.nonzero().flatten().tolist() == [7, 9, 11]
+
+
+def test_a_flip_farther_than_any_probe_or_serial_moved_fails() -> None:
+    twin, serial = _case()
+    probes = _probes(twin, {7: 0.1})
+    reach = RULE.factor * (0.1 + 1e-3)
+    for moved, fails in ((0.9 * reach, False), (1.5 * reach + 0.1, True)):
+        cp = twin.clone()
+        cp[7] += moved
+        *_, flips = judge(cp, serial, twin, RULE, probes=probes)
+        assert flips is not None and flips.ok is not fails, moved
+
+
+def test_allowed_flips_is_about_as_many_plus_a_slack() -> None:
+    assert [allowed_flips(n) for n in (0, 1, 2, 3, 10)] == [1, 2, 4, 5, 16]
+
+
+def test_a_tensor_the_probes_never_flip_is_judged_as_before() -> None:
+    twin, serial = _case()
+    cp = twin.clone()
+    cp[3] += 0.5
+    smooth = _probes(twin, {})
+    plain = twin_verdict(cp, serial, twin, RULE)
+    probed = judge(cp, serial, twin, RULE, probes=smooth)
+    assert probed[1].tolist() == plain[1].tolist() and probed[4] == plain[4]
+    assert probed[5] is None
+
+
+def test_compare_named_takes_probed_twin_values_and_pools_without_flips() -> None:
+    twin, serial = _case()
+    serial[7] = twin[7] + 1.15  # a serial flip
+    probed = Probed(twin, _probes(twin, {7: 1.15}))
+    bias_twin = torch.tensor([2.0], dtype=D)
+    pairs = {"w": (twin, serial, probed), "b": (bias_twin * 0.9, bias_twin, bias_twin)}
+    diffs = {d.name: d for d in compare_named(pairs, BF16)}
+    assert diffs["w"].ok and diffs["w"].flips is not None
+    # the flip is no sample of the rounding: the one-element bias is not pooled with it
+    assert pooled_noise([(torch.where(torch.arange(64) == 7, twin, serial), twin)]) < 2e-3
+    assert not diffs["b"].ok, diffs["b"].line()
+
+
+def test_a_probed_value_with_probes_of_another_shape_is_judged_unprobed() -> None:
+    twin, serial = _case()
+    bad_probes = Probed(twin, (twin[:3], twin[:3]))
+    (diff,) = compare_named({"w": (twin, serial, bad_probes)}, BF16)
+    assert diff.ok and diff.flips is None and diff.rule == "twin"
+
+
+@pytest.mark.parametrize("odd", [(), ("x",)])
+def test_probes_not_in_pairs_are_ignored(odd: tuple[str, ...]) -> None:
+    twin, serial = _case()
+    probes = tuple(twin for _ in odd)  # zero or one probe: no antithetic pair
+    (diff,) = compare_named({"w": (twin, serial, Probed(twin, probes))}, BF16)
+    assert diff.ok and diff.flips is None

@@ -1,0 +1,50 @@
+"""Issue 31: discrete decisions that flip under rounding, on real gloo worlds.
+
+One ``cpmatrix run --mutants`` of ``tests/resources/parity/flips.yaml``: a ReLU MLP and a
+top-k MoE whose first reduction is split over cp1 (so a pre-activation or a router logit
+near a tie can take the other branch on the CP side), fp32 and bf16, 1x2 and 2x2, with a
+10% bug on a 1-, 3- and 8-element bias grad. Every correct cell passes; every bug is killed
+by ``param_grad``; the evidence says the twin ran with its probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_runner import run_cli
+from world_runs import Run, read_run
+
+RES = Path(__file__).parents[1] / "resources" / "parity"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    out = tmp_path_factory.mktemp("flips") / "out"
+    proc = run_cli(
+        "run",
+        "--matrix",
+        str(RES / "flips.yaml"),
+        "--mutants",
+        "--out",
+        str(out),
+        "--plain",
+        timeout=600,
+    )
+    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
+
+
+def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
+    plain = [r for r in run.results if not r.get("mutant")]
+    mutated = [r for r in run.results if r.get("mutant")]
+    assert len(plain) == 24 and len(mutated) == 24
+    for r in plain:
+        assert r["status"] == "passed", (r["cell_id"], r["failures"])
+        assert "probes" in r["evidence"]["parity.twin"], r["evidence"]["parity.twin"]
+    for r in mutated:
+        assert r["status"] == "killed", (r["cell_id"], r["status"], r["message"])
+        assert r["evidence"]["killed_by"] == "param_grad", r["evidence"]
