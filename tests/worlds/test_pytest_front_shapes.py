@@ -39,3 +39,15 @@ def test_classes_that_run_in_one_process_run_here_as_natively(tmp_path: Path) ->
         "shapes.test_one_process.SpawnedWithLocalTensor::test_skipped_in_local_mode"] \
         == "skipped"
     assert "cpmatrix: 2 multi-rank tests in" in front.output
+
+
+def test_a_read_only_world_size_property_of_a_continuous_class(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_property_world.py")
+    _same(native, front, 2)
+    assert set(front.outcomes.values()) == {"passed"}
+
+
+def test_tmp_path_and_friends_work_in_every_rank(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_tmp_path.py")
+    _same(native, front, 1)
+    assert set(front.outcomes.values()) == {"passed"}

@@ -188,7 +188,10 @@ class _RankSession:
         for name, value in _RESET.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)
-        config.option.basetemp = str(WorldFolder(Path(self.world.dir)).pytest_tmp(self.rank))
+        basetemp = WorldFolder(Path(self.world.dir)).pytest_tmp(self.rank)
+        # pytest makes the basetemp itself (emptied first), but not the folders above it.
+        basetemp.parent.mkdir(parents=True, exist_ok=True)
+        config.option.basetemp = str(basetemp)
         config._do_configure()
         self.config = config
         session = pytest.Session.from_config(config)
