@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_front_runs import Run, pytest_run
+from pytest_front_runs import SUITES, Run, pytest_run
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +51,19 @@ def test_tmp_path_and_friends_work_in_every_rank(tmp_path: Path) -> None:
     native, front = _both(tmp_path, "shapes/test_tmp_path.py")
     _same(native, front, 1)
     assert set(front.outcomes.values()) == {"passed"}
+
+
+def test_the_out_option_in_its_space_form_on_a_fresh_folder(tmp_path: Path) -> None:
+    # No ini file: pytest takes the rootdir from the paths on the command line, and
+    # reads `--cpmatrix-out DIR` (a plugin's option) as one of them. DIR does not exist
+    # when the controller looks, it does when the ranks do: they must not look again.
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    test = SUITES / "shapes" / "test_property_world.py"
+    (suite / test.name).write_text(test.read_text())
+    out = tmp_path / "out"
+    run = pytest_run(["--cpmatrix", "--cpmatrix-out", str(out), test.name],
+                     tmp_path / "front.xml", cwd=suite)
+    assert run.rc == 0, run.output[-4000:]
+    assert run.outcomes == {"test_property_world.PropertySized::test_all_reduce": "passed",
+                            "test_property_world.PropertySized::test_rank_and_size": "passed"}
