@@ -16,8 +16,10 @@ from torch.testing._internal.common_distributed import (
 )
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     DTensorContinuousTestBase,
+    DTensorOpTestBase,
     DTensorTestBase,
     LocalDTensorContinuousTestBase,
+    create_local_tensor_test_class,
 )
 
 from cpmatrix.pytest_front.dialects import DialectError, Placement, placement
@@ -124,6 +126,10 @@ class Triple(MultiProcessTestCase):
 
     world_size = 3  # a class attribute shadowing the harness's property
 
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
     def test_x(self) -> None: ...
 
 
@@ -178,7 +184,40 @@ def test_torch_harness_world_sizes(cls: type, dialect: str, mesh: str) -> None:
     assert found.timeout_s == 300  # torch's own per-test default (TIMEOUT_DEFAULT)
 
 
-@pytest.mark.parametrize("cls", [OneProcessThreads, OneProcessLocal])
+class NeverSpawns(MultiProcessTestCase):
+    """Its setUp starts no processes: natively its tests run in the pytest process."""
+
+    __test__ = False
+
+    def test_x(self) -> None: ...
+
+
+class SpawnsInItsOwnSetUp(MultiProcessTestCase):
+    __test__ = False
+
+    world_size = 2
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._prepare()
+
+    def _prepare(self) -> None:
+        self._spawn_processes()
+
+    def test_x(self) -> None: ...
+
+
+OneProcessLocalTensor = create_local_tensor_test_class(Pair)
+OneProcessLocalTensor.__test__ = False
+
+
+def test_a_class_that_spawns_through_its_own_methods_is_multi_rank() -> None:
+    found = placement(Item(cls=SpawnsInItsOwnSetUp))
+    assert found is not None and (found.dialect, found.meshes) == ("torch", ("1x2",))
+
+
+@pytest.mark.parametrize("cls", [OneProcessThreads, OneProcessLocal, OneProcessLocalTensor,
+                                 NeverSpawns, DTensorOpTestBase])
 def test_torch_single_process_harnesses_run_as_usual(cls: type) -> None:
     assert placement(Item(cls=cls)) is None
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cpmatrix.pytest_front.rank import RANK_ARGS, rank_args
+from cpmatrix.matrix.pytest_spec import PytestSession
+from cpmatrix.pytest_front.rank import RANK_ARGS, pinned_args, rank_args
 from cpmatrix.pytest_front.reports import _WORKER_BLOCK
 
 
@@ -24,6 +25,17 @@ from cpmatrix.pytest_front.reports import _WORKER_BLOCK
 def test_pytest_timeouts_options_are_dropped_from_a_ranks_command_line(
         args: list[str], kept: list[str]) -> None:
     assert rank_args(args) == [*kept, *RANK_ARGS]
+
+
+def test_the_controllers_rootdir_and_inifile_are_pinned_in_a_rank() -> None:
+    spec = PytestSession(dir="/r", args=("t", "--cpmatrix-out", "/o"), rootdir="/r/s",
+                         inifile="/r/s/tox.ini")
+    assert pinned_args(spec) == ["t", "--cpmatrix-out", "/o", *RANK_ARGS, "--rootdir=/r/s",
+                                 "-c", "/r/s/tox.ini"]
+    no_ini = PytestSession(dir="/r", args=("t",), rootdir="/r")
+    assert pinned_args(no_ini) == ["t", *RANK_ARGS, "--rootdir=/r"]
+    # Recorded by the collector, read back by the rank.
+    assert PytestSession.from_json(spec.to_json()) == spec
 
 
 def test_pytest_timeout_is_off_and_output_uncaptured_in_a_rank() -> None:

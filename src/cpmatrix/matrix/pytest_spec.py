@@ -77,13 +77,18 @@ class PytestSession:
     ``args`` is the pytest command line as given (the rank overrides what cannot apply
     there: reporting, selection, ``--cpmatrix`` itself), ``dir`` the folder it was given
     in (the rank's working folder during a test), ``sys_path`` the collecting process's
-    ``sys.path`` (so a rank imports what pytest imported, from the same places).
+    ``sys.path`` (so a rank imports what pytest imported, from the same places),
+    ``rootdir`` and ``inifile`` (empty: none) what pytest found there: the rank pins
+    them, never finding its own (pytest reads a plugin option's value, such as
+    ``--cpmatrix-out DIR``, as a path while it looks for the rootdir: a folder made
+    since would move it).
     """
 
     dir: str
     args: tuple[str, ...]
     rootdir: str
     sys_path: tuple[str, ...] = ()
+    inifile: str = ""
 
     def to_json(self) -> str:
         return canonical_json(asdict(self))
@@ -93,7 +98,8 @@ class PytestSession:
         data = json.loads(text)
         return cls(dir=str(data["dir"]), args=tuple(map(str, data["args"])),
                    rootdir=str(data["rootdir"]),
-                   sys_path=tuple(map(str, data.get("sys_path", ()))))
+                   sys_path=tuple(map(str, data.get("sys_path", ()))),
+                   inifile=str(data.get("inifile", "")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

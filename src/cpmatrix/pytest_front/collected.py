@@ -32,7 +32,8 @@ def session_of(config: Any, args: Sequence[str] | None = None) -> PytestSession:
     by default the one pytest was given)."""
     given = tuple(config.invocation_params.args) if args is None else tuple(args)
     return PytestSession(dir=str(config.invocation_params.dir), args=given,
-                         rootdir=str(config.rootpath), sys_path=tuple(sys.path))
+                         rootdir=str(config.rootpath), sys_path=tuple(sys.path),
+                         inifile=str(config.inipath) if config.inipath else "")
 
 
 def _file(item: Any) -> str:

@@ -49,9 +49,8 @@ from cpmatrix.matrix.schema import MAX_RANKS, MAX_TIMEOUT_S, Mesh
 __all__ = ["DialectError", "Placement", "placement", "timeout_of"]
 
 _COMMON_DISTRIBUTED: Final = "torch.testing._internal.common_distributed"
-#: Bases of torch's harness that run in one process: not multi-rank tests here.
-_SINGLE_PROCESS: Final = frozenset({"LocalDTensorContinuousTestBase", "MultiThreadedTestCase",
-                                    "DTensorOpTestBase"})
+#: What torch's harness calls to start a test's rank processes.
+_SPAWN_METHODS: Final = ("_spawn_processes", "_fork_processes", "_start_processes")
 
 
 class DialectError(Exception):
@@ -127,17 +126,77 @@ def _marker(item: Any, mark: Any) -> Placement:
     return Placement("marker", (mesh,), dims=tuple(dims))
 
 
+def _own(cls: type, name: str) -> Any:
+    """The function ``name`` of ``cls`` itself (a classmethod's function), or None."""
+    found = cls.__dict__.get(name)
+    if isinstance(found, classmethod | staticmethod):
+        found = found.__func__
+    return found if inspect.isfunction(found) else None
+
+
+def _names(fn: Any) -> set[str]:
+    """Every name a function's code (and the code nested in it) refers to."""
+    out: set[str] = set()
+    stack = [fn.__code__]
+    while stack:
+        code = stack.pop()
+        out.update(code.co_names)
+        stack.extend(c for c in code.co_consts if inspect.iscode(c))
+    return out
+
+
+def _spawners() -> dict[Any, str]:
+    """torch's own functions that start a test's rank processes -> the dialect."""
+    module = sys.modules.get(_COMMON_DISTRIBUTED)
+    out: dict[Any, str] = {}
+    for base, names, dialect in (("MultiProcessTestCase", _SPAWN_METHODS, "torch"),
+                                 ("MultiProcContinuousTest", ("_spawn_processes",),
+                                  "torch_continuous")):
+        cls = getattr(module, base, None)
+        if isinstance(cls, type):
+            for name in names:
+                fn = _own(cls, name)
+                if fn is not None:
+                    out[fn] = dialect
+    return out
+
+
 def _torch_base(cls: type) -> str | None:
-    """``torch`` or ``torch_continuous`` when ``cls`` derives from torch's harness."""
-    if _COMMON_DISTRIBUTED not in sys.modules:
+    """``torch`` or ``torch_continuous`` when running ``cls``'s test would start rank
+    processes through torch's harness: its ``setUp``/``setUpClass`` reach (through the
+    methods they call on the class, ``super()`` included) torch's own
+    ``_spawn_processes``/``_fork_processes`` or the continuous worker pool's spawn.
+    Decided by what the class does, not its bases' names: LocalTensor classes (whose
+    ``_spawn_processes`` does nothing), ``MultiThreadedTestCase`` (threads), a fake
+    group made in one process, or a spawn of the class's own are not (they run here)."""
+    spawners = _spawners()
+    if not spawners:
         return None
-    names = {(c.__module__, c.__name__) for c in inspect.getmro(cls)}
-    if any(name in _SINGLE_PROCESS for _, name in names):
-        return None
-    if (_COMMON_DISTRIBUTED, "MultiProcContinuousTest") in names:
-        return "torch_continuous"
-    if (_COMMON_DISTRIBUTED, "MultiProcessTestCase") in names:
-        return "torch"
+    mro = inspect.getmro(cls)
+    seen: set[tuple[type, str]] = set()
+    todo = [(cls, "setUp"), (cls, "setUpClass")]
+    while todo:
+        start, name = todo.pop()
+        # The implementation ``start``'s lookup of ``name`` finds (``start`` is a class
+        # of the MRO: a ``super()`` call continues after the class that made it).
+        for at in range(mro.index(start), len(mro)):
+            fn = _own(mro[at], name)
+            if fn is not None:
+                break
+        else:
+            continue
+        if (mro[at], name) in seen:
+            continue
+        seen.add((mro[at], name))
+        if fn in spawners:
+            return spawners[fn]
+        names = _names(fn)
+        if "super" in names and at + 1 < len(mro):
+            todo.append((mro[at + 1], name))
+        for n in names - {name}:
+            attr = inspect.getattr_static(cls, n, None)
+            if inspect.isfunction(attr) or isinstance(attr, classmethod | staticmethod):
+                todo.append((cls, n))
     return None
 
 

@@ -157,13 +157,15 @@ class _TorchContinuous(Dialect):
         values = {"rank": rank, "world_size": size,
                   "pg": dist.distributed_c10d._get_default_group()}
         saved = {k: cls.__dict__.get(k, _MISSING) for k in values}
+        # The class first, as its worker loop sets them: a read-only property there
+        # (``world_size``) is replaced, so the instance's own attributes can be set.
+        for k, v in values.items():
+            setattr(cls, k, v)
         inst.rank, inst.world_size = rank, size
         # Its setUp/tearDown dispatch the test to worker processes: its workers run
         # neither, only the method (MultiProcContinuousTest._run_test_given_id).
         inst.setUp = lambda: None
         inst.tearDown = lambda: None
-        for k, v in values.items():
-            setattr(cls, k, v)
         item.obj = _as_rank(item.obj, _seed)
         try:
             # Its worker sets LOCAL_RANK to its rank when it makes its group.

@@ -38,7 +38,8 @@ from cpmatrix.matrix.pytest_records import REPORTS_FILE
 from cpmatrix.matrix.pytest_spec import KIND, PytestSession
 from cpmatrix.remote.protocol import WorldFolder, WorldSpec
 
-__all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "case", "current_cell", "prepare"]
+__all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "case", "current_cell", "pinned_args",
+           "prepare"]
 
 #: Added to the rank's command line: pytest-timeout must not act in a rank (cpmatrix
 #: owns timeouts: a hang is cut with every rank's stack), and output goes to the rank's
@@ -80,6 +81,19 @@ def rank_args(args: Sequence[str]) -> list[str]:
             continue
         out.append(arg)
     return [*out, *RANK_ARGS]
+
+def pinned_args(spec: PytestSession) -> list[str]:
+    """The rank's command line (:func:`rank_args`) with the collecting session's rootdir
+    and inifile pinned: the rank's session finds what the controller's found.
+
+    >>> pinned_args(PytestSession(dir="/r", args=("t",), rootdir="/r", inifile="/r/p.ini"))
+    ['t', '-p', 'no:timeout', '--capture=no', '--rootdir=/r', '-c', '/r/p.ini']
+    """
+    out = [*rank_args(spec.args), f"--rootdir={spec.rootdir}"]
+    if spec.inifile:
+        out += ["-c", spec.inifile]
+    return out
+
 
 _SESSION: _RankSession | None = None
 _CELL: CellContext | None = None
@@ -184,11 +198,14 @@ class _RankSession:
         # then what the rank has besides.
         known = [p for p in self.spec.sys_path if p]
         sys.path[:] = [*known, *(p for p in sys.path if p not in known)]
-        config = _prepareconfig(rank_args(self.spec.args), plugins=[self.plugin])
+        config = _prepareconfig(pinned_args(self.spec), plugins=[self.plugin])
         for name, value in _RESET.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)
-        config.option.basetemp = str(WorldFolder(Path(self.world.dir)).pytest_tmp(self.rank))
+        basetemp = WorldFolder(Path(self.world.dir)).pytest_tmp(self.rank)
+        # pytest makes the basetemp itself (emptied first), but not the folders above it.
+        basetemp.parent.mkdir(parents=True, exist_ok=True)
+        config.option.basetemp = str(basetemp)
         config._do_configure()
         self.config = config
         session = pytest.Session.from_config(config)

@@ -1,0 +1,69 @@
+"""``pytest --cpmatrix`` on small suites in the shapes real upstream suites have (issue 29),
+each compared test for test with its native run.
+
+Each suite in ``tests/resources/pytest_front_suites/shapes`` is written for these tests
+(no upstream code); each test here runs one of them natively and with ``--cpmatrix`` and
+asserts every test ends the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_front_runs import SUITES, Run, pytest_run
+
+pytestmark = pytest.mark.slow
+
+
+def _both(tmp: Path, target: str, *extra: str) -> tuple[Run, Run]:
+    native = pytest_run([*extra, target], tmp / "native.xml")
+    front = pytest_run(["--cpmatrix", f"--cpmatrix-out={tmp / 'out'}", *extra, target],
+                       tmp / "front.xml")
+    return native, front
+
+
+def _same(native: Run, front: Run, count: int) -> None:
+    assert len(native.outcomes) == count, native.output[-3000:]
+    assert front.outcomes == native.outcomes, front.output[-4000:]
+    assert front.rc == native.rc, front.output[-3000:]
+
+
+def test_classes_that_run_in_one_process_run_here_as_natively(tmp_path: Path) -> None:
+    # LocalTensor (a fake group of 2 in this process), threads, a plain TestCase: only
+    # the class that spawns its ranks is multi-rank.
+    native, front = _both(tmp_path, "shapes/test_one_process.py")
+    _same(native, front, 6)
+    assert native.outcomes[
+        "shapes.test_one_process.SpawnedWithLocalTensor::test_skipped_in_local_mode"] \
+        == "skipped"
+    assert "cpmatrix: 2 multi-rank tests in" in front.output
+
+
+def test_a_read_only_world_size_property_of_a_continuous_class(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_property_world.py")
+    _same(native, front, 2)
+    assert set(front.outcomes.values()) == {"passed"}
+
+
+def test_tmp_path_and_friends_work_in_every_rank(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_tmp_path.py")
+    _same(native, front, 1)
+    assert set(front.outcomes.values()) == {"passed"}
+
+
+def test_the_out_option_in_its_space_form_on_a_fresh_folder(tmp_path: Path) -> None:
+    # No ini file: pytest takes the rootdir from the paths on the command line, and
+    # reads `--cpmatrix-out DIR` (a plugin's option) as one of them. DIR does not exist
+    # when the controller looks, it does when the ranks do: they must not look again.
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    test = SUITES / "shapes" / "test_property_world.py"
+    (suite / test.name).write_text(test.read_text())
+    out = tmp_path / "out"
+    run = pytest_run(["--cpmatrix", "--cpmatrix-out", str(out), test.name],
+                     tmp_path / "front.xml", cwd=suite)
+    assert run.rc == 0, run.output[-4000:]
+    assert run.outcomes == {"test_property_world.PropertySized::test_all_reduce": "passed",
+                            "test_property_world.PropertySized::test_rank_and_size": "passed"}
