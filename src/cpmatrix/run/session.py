@@ -7,8 +7,7 @@ means in :mod:`cpmatrix.run.policies`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
 once alone (passed on retry -> FLAKY); with ``runs=N`` every cell is planned N times
-(runs 1..N, packed like any cells) and its runs are combined into one result
-(:func:`~cpmatrix.run.policies.combine_runs`: disagreeing runs -> FLAKY); a world that
+(runs 1..N, packed like any cells) and combined by :mod:`cpmatrix.repeated`); a world that
 cannot start is retried twice and then its cells fail with the launcher's error; the
 report is written atomically, in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells
 ``interrupted``) and after an internal error of cpmatrix (unfinished cells ``crash``, the
