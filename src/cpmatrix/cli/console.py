@@ -127,11 +127,16 @@ def format_summary(report: RunReport, out_dir: str, *, full_trace: bool = False,
     lines.append("")
     lines.append(
         f"==== {len(report.results)} cells: {', '.join(parts) or 'none'} in "
-        f"{report.wall_s:.1f} s ({report.worlds} planned worlds, {report.world_starts} "
-        f"world starts) ===="
+        f"{report.wall_s:.1f} s ({_count(report.worlds, 'planned world')}, "
+        f"{_count(report.world_starts, 'world start')}) ===="
     )
     lines.append(f"report: {out_dir}/{REPORT_XML} (html: {out_dir}/{REPORT_HTML})")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 planned world``, ``2 planned worlds``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def target_table(results: Iterable[Result]) -> list[str]:
