@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = ["MUTANT_MARK", "FailureKind", "RankFailure", "Result", "Status", "split_testcase_name",
-           "testcase_name"]
+           "target_of", "testcase_name"]
 
 #: Separates a cell id from the mutant switched on in a testcase name.
 MUTANT_MARK = "!mutant="
@@ -39,6 +39,16 @@ def split_testcase_name(name: str) -> tuple[str, str]:
     """
     cell_id, _, mutant = name.partition(MUTANT_MARK)
     return cell_id, mutant
+
+
+def target_of(cell_id: str) -> str:
+    """The target a cell id (or a prefix of one) names, without parsing the rest: the
+    one place that cuts it, for ids of any age or form.
+
+    >>> target_of("t[unit,1x1,fp64,autocast=off,reference]@cpu"), target_of("t@cpu")
+    ('t', 't')
+    """
+    return cell_id.split("[", 1)[0].split("@", 1)[0]
 
 
 class Status(StrEnum):

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from cpmatrix.cli.failures import failure_block
 from cpmatrix.layout import REPORT_HTML, REPORT_XML
-from cpmatrix.result import Result, Status, testcase_name
+from cpmatrix.result import Result, Status, target_of, testcase_name
 from cpmatrix.run.pipeline import Entry, RunReport
 
 __all__ = ["Console", "Progress", "format_summary", "target_table"]
@@ -150,7 +150,7 @@ def target_table(results: Iterable[Result]) -> list[str]:
     """
     rows: dict[str, list[float]] = {}
     for r in results:
-        row = rows.setdefault(r.cell_id.split("[", 1)[0].split("@", 1)[0], [0, 0, 0, 0, 0.0])
+        row = rows.setdefault(target_of(r.cell_id), [0, 0, 0, 0, 0.0])
         row[0] += 1
         if r.status.ok:
             row[1] += 1
