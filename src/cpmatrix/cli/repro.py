@@ -50,7 +50,7 @@ from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
 from cpmatrix.remote.protocol import WorldFolder
 from cpmatrix.report.last_failed import FailedEntry, read_last_failed
-from cpmatrix.result import Result, Status
+from cpmatrix.result import Status, read_results
 from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import check_options, reproduce
@@ -162,8 +162,7 @@ def failed_in(folder: Path) -> list[FailedEntry]:
         return record
     path = RunLayout(folder).results
     try:
-        rows = json.loads(path.read_text())
-        results = [Result.from_dict(r) for r in rows]
+        results = read_results(path)
     except FileNotFoundError:
         raise UsageError(f"--failed: no run has reported in {folder} (no "
                          f"{RunLayout(folder).last_failed.name} or {path.name}; run first, "
