@@ -37,6 +37,7 @@ from cpmatrix.cli.cellref import NotFound, resolve_id
 from cpmatrix.cli.common import (
     absolute_path,
     add_command,
+    add_matrix,
     keyword_hints,
     load_and_expand,
     matrix_of,
@@ -88,8 +89,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--from", dest="from_dir", type=absolute_path, default=None, metavar="DIR",
                    help="with --failed: the run's output folder (default: out of "
                    "[tool.cpmatrix], else ./out)")
-    p.add_argument("--matrix", type=absolute_path, default=None,
-                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
+    add_matrix(p)
     p.add_argument("--mutant", default="", help="switch this declared mutant on")
     add_run_arguments(p, exclude=_NOT_FOR_REPRO)
     p.set_defaults(handler=run, out="out/repro", no_cache=True, plain=True, platform=None,

@@ -23,7 +23,13 @@ import time
 from pathlib import Path
 
 from cpmatrix.cli.cellref import NotFound, resolve_id
-from cpmatrix.cli.common import absolute_path, add_command, load_and_expand, matrix_of
+from cpmatrix.cli.common import (
+    absolute_path,
+    add_command,
+    add_matrix,
+    load_and_expand,
+    matrix_of,
+)
 from cpmatrix.cli.json_out import emit, show_doc
 from cpmatrix.cli.show_result import last_results, result_lines
 from cpmatrix.errors import ExitCode, UsageError
@@ -45,8 +51,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
          "cpmatrix show 'allreduce_sum[unit,2x2,fp64' --json",
          "cpmatrix show CELL --history              # outcomes and flake rate over runs"])
     p.add_argument("cell_id", metavar="CELL")
-    p.add_argument("--matrix", type=absolute_path, default=None,
-                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
+    add_matrix(p)
     p.add_argument("--history", action="store_true",
                    help="print the cell's recorded runs (outcomes, flake rate, durations) "
                    "instead of its definition")
