@@ -11,12 +11,14 @@ Example::
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["MUTANT_MARK", "FailureKind", "RankFailure", "Result", "Status", "split_testcase_name",
-           "testcase_name"]
+__all__ = ["MUTANT_MARK", "FailureKind", "RankFailure", "Result", "Status", "read_results",
+           "split_testcase_name", "target_of", "testcase_name"]
 
 #: Separates a cell id from the mutant switched on in a testcase name.
 MUTANT_MARK = "!mutant="
@@ -39,6 +41,16 @@ def split_testcase_name(name: str) -> tuple[str, str]:
     """
     cell_id, _, mutant = name.partition(MUTANT_MARK)
     return cell_id, mutant
+
+
+def target_of(cell_id: str) -> str:
+    """The target a cell id (or a prefix of one) names, without parsing the rest: the
+    one place that cuts it, for ids of any age or form.
+
+    >>> target_of("t[unit,1x1,fp64,autocast=off,reference]@cpu"), target_of("t@cpu")
+    ('t', 't')
+    """
+    return cell_id.split("[", 1)[0].split("@", 1)[0]
 
 
 class Status(StrEnum):
@@ -246,3 +258,29 @@ def _failure(f: Any) -> RankFailure:
         raise ValueError(f"malformed result: failures hold {type(f).__name__}, not mappings")
     return RankFailure(rank=_typed(f, "rank", int, None), message=_typed(f, "message", str, ""),
                        traceback=_typed(f, "traceback", str, ""), check=_typed(f, "check", str, ""))
+
+
+def read_results(path: str | os.PathLike[str]) -> list[Result]:
+    """A ``results.json`` (a run's or a merge's: ``RunLayout(out).results``): the one
+    reader. ``FileNotFoundError`` when absent; ``ValueError`` naming the file when it is
+    not a list of results.
+
+    >>> import json, tempfile
+    >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    >>> _ = f.write(json.dumps([Result(cell_id="c", status=Status.PASSED).to_dict()]))
+    >>> f.close()
+    >>> [r.cell_id for r in read_results(f.name)]
+    ['c']
+    """
+    where = os.fspath(path)
+    with open(where, encoding="utf-8") as f:
+        try:
+            rows = json.load(f)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"{where}: expected a list of results, got {type(rows).__name__}")
+    try:
+        return [Result.from_dict(r) for r in rows]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{where}: {exc}") from None

@@ -34,7 +34,7 @@ def test_bring_your_own_example_runs_as_written(tmp_path: Path) -> None:
     proc = run_cli("run", "--matrix", str(cp / "matrix.yaml"), "--out", str(tmp_path / "out"),
                    "--plain", "--no-cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 planned worlds" in proc.stdout
+    assert "(1 planned world, " in proc.stdout
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["status"] for r in results] == ["passed"] * 4
     assert max(r["evidence"]["max_abs_err"] for r in results) < 1e-5

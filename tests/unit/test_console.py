@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cpmatrix.cli.console import format_summary
 from cpmatrix.result import FailureKind, Result, Status
 from cpmatrix.run.outcome import RunReport
@@ -30,3 +32,15 @@ def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:
     assert lines[lines.index("==== 3 skipped ====") + 1:][:2] == [
         f"  2 cells {why2}", f"  1 cells {why4}"]
     assert "==== 5 cells: 1 passed, 1 failed, 3 skipped in 1.0 s" in text
+
+
+@pytest.mark.parametrize(("worlds", "starts", "words"), [
+    (1, 1, "(1 planned world, 1 world start)"),
+    (2, 3, "(2 planned worlds, 3 world starts)"),
+])
+def test_the_summary_counts_worlds_in_singular_and_plural(worlds: int, starts: int,
+                                                          words: str) -> None:
+    report = RunReport(results={"a": Result(cell_id="a", status=Status.PASSED)}, wall_s=1.0,
+                       planned={"world": worlds}, starts={"world": starts},
+                       report_path=Path("out/report.xml"))
+    assert words in format_summary(report, "out")

@@ -446,8 +446,9 @@ def test_missing_file_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFi
     missing = tmp_path / "nope.yaml"
     rc, out, err = cli_list(missing, capsys)
     assert (rc, out) == (2, "")
-    assert err == (f"error: {missing}: no such matrix file; point at a matrix with --matrix "
-                   "FILE, or matrix = \"FILE\" in [tool.cpmatrix] of pyproject.toml\n")
+    assert err == (f"error: {missing}: no such matrix file; give --matrix FILE, or set "
+                   "matrix = \"FILE\" in [tool.cpmatrix] of your pyproject.toml (`cpmatrix "
+                   "init` writes a starter project)\n")
 
 
 def test_no_matrix_named_says_how_to_name_one(

@@ -34,7 +34,7 @@ def test_cells_of_every_size_run_in_one_world_each_in_a_group_of_its_size(
     proc = run_cli("run", "--matrix", str(RES / "shared_world.yaml"), "-k", "sizes",
                    "--launcher", launcher, "--out", str(out), "--plain", "--no-cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "(1 planned worlds, 1 world starts)" in proc.stdout
+    assert "(1 planned world, 1 world start)" in proc.stdout
     assert len(worlds(out)) == 1
     by_id = results(out)
     for mesh, size in (("1x1", 1), ("1x2", 2), ("2x1", 2), ("2x2", 4)):

@@ -56,7 +56,7 @@ def test_cells_run_at_once_on_disjoint_ranks_each_in_a_group_of_its_own(
         tmp_path: Path) -> None:
     code, log, by = run_slots(tmp_path / "out", "wide or meet")
     assert code == 0, log
-    assert "(1 planned worlds, 1 world starts)" in log
+    assert "(1 planned world, 1 world start)" in log
     a, b = by["meet_a"]["evidence"], by["meet_b"]["evidence"]
     # Each ran in a group of exactly its two ranks, on other world ranks than the other.
     for ev in (a, b):

@@ -105,6 +105,7 @@ def _json_command(argv: Sequence[str]) -> str | None:
     parse itself may be what fails): ``run`` for ``cpmatrix run -k x --json``."""
     words = argv[:argv.index("--")] if "--" in argv else argv
     command = next((w for w in words if not w.startswith("-")), None)
+    command = "run" if command == "spill" else command  # spill is run, of one kind
     return command if command in JSON_COMMANDS and "--json" in words else None
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from cpmatrix.errors import UsageError
+from cpmatrix.result import target_of
 from cpmatrix.suggest import closest
 
 __all__ = ["Ambiguous", "NotFound", "resolve_id"]
@@ -54,5 +55,5 @@ def resolve_id(name: str, ids: Sequence[str]) -> str:
         shown = ", ".join(hits[:_LISTED]) + (f", ... ({len(hits)} in all)"
                                              if len(hits) > _LISTED else "")
         raise Ambiguous(f"{name!r} names {len(hits)} cells: {shown} (give more of the id)")
-    same_target = [i for i in ids if i.split("[", 1)[0] == name.split("[", 1)[0]]
+    same_target = [i for i in ids if target_of(i) == target_of(name)]
     raise NotFound(name, closest(name, ids, n=3) or same_target[:3])

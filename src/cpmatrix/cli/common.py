@@ -22,18 +22,17 @@ from typing import NoReturn
 from cpmatrix.errors import UsageError
 from cpmatrix.matrix.case_check import check_cases
 from cpmatrix.matrix.expand import Expansion, expand
-from cpmatrix.matrix.load import load_matrix
+from cpmatrix.matrix.load import NAME_A_MATRIX, load_matrix
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
 from cpmatrix.suggest import did_you_mean, suggestion
 
-__all__ = ["NO_MATRIX", "Parser", "absolute_path", "add_command", "add_selection",
+__all__ = ["NO_MATRIX", "Parser", "absolute_path", "add_command", "add_matrix", "add_selection",
            "excluded_counts", "keyword_hints", "load_and_expand", "matrix_of",
            "nothing_selected", "select_from_args"]
 
 #: What to say when no matrix is named: by flag or by the project's table.
-NO_MATRIX = ("no matrix: give --matrix FILE, or set matrix = \"FILE\" in [tool.cpmatrix] of "
-             "your pyproject.toml (`cpmatrix init` writes a starter project)")
+NO_MATRIX = f"no matrix: {NAME_A_MATRIX}"
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
 
@@ -69,9 +68,17 @@ def absolute_path(text: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+def add_matrix(p: argparse.ArgumentParser, *, shown: bool = True) -> None:
+    """``--matrix FILE``, the one declaration of the flag for every command that reads
+    one matrix (``gate``'s repeatable ``--matrix`` is another flag: the cells a policy
+    requires)."""
+    p.add_argument("--matrix", default=None, type=absolute_path, metavar="PATH",
+                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)"
+                   if shown else argparse.SUPPRESS)
+
+
 def add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", default=None, type=absolute_path,
-                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
+    add_matrix(p)
     p.add_argument("--platform", help="only cells of this platform (e.g. cpu, cuda)")
     p.add_argument("-k", dest="keyword", metavar="EXPR",
                    help="pytest-style keyword expression over ids, axis values and tags")

@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Final
 
-from cpmatrix.cli.common import add_command, load_and_expand
+from cpmatrix.cli.common import add_command, add_matrix, load_and_expand
 from cpmatrix.errors import ExitCode, UsageError
 
 __all__ = ["add_parsers", "run", "script"]
@@ -87,7 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
          'eval "$(cpmatrix completion zsh)"       # e.g. in ~/.zshrc'])
     p.add_argument("shell", nargs="?", choices=SHELLS)
     p.add_argument("--ids", metavar="PREFIX", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--matrix", default=None, help=argparse.SUPPRESS)
+    add_matrix(p, shown=False)
     p.set_defaults(handler=run)
 
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from cpmatrix.cli.failures import failure_block
 from cpmatrix.layout import REPORT_HTML, REPORT_XML
-from cpmatrix.result import Result, Status, testcase_name
+from cpmatrix.result import Result, Status, target_of, testcase_name
 from cpmatrix.run.pipeline import Entry, RunReport
 
 __all__ = ["Console", "Progress", "format_summary", "target_table"]
@@ -127,11 +127,16 @@ def format_summary(report: RunReport, out_dir: str, *, full_trace: bool = False,
     lines.append("")
     lines.append(
         f"==== {len(report.results)} cells: {', '.join(parts) or 'none'} in "
-        f"{report.wall_s:.1f} s ({report.worlds} planned worlds, {report.world_starts} "
-        f"world starts) ===="
+        f"{report.wall_s:.1f} s ({_count(report.worlds, 'planned world')}, "
+        f"{_count(report.world_starts, 'world start')}) ===="
     )
     lines.append(f"report: {out_dir}/{REPORT_XML} (html: {out_dir}/{REPORT_HTML})")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 planned world``, ``2 planned worlds``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def target_table(results: Iterable[Result]) -> list[str]:
@@ -145,7 +150,7 @@ def target_table(results: Iterable[Result]) -> list[str]:
     """
     rows: dict[str, list[float]] = {}
     for r in results:
-        row = rows.setdefault(r.cell_id.split("[", 1)[0].split("@", 1)[0], [0, 0, 0, 0, 0.0])
+        row = rows.setdefault(target_of(r.cell_id), [0, 0, 0, 0, 0.0])
         row[0] += 1
         if r.status.ok:
             row[1] += 1

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cpmatrix.layout import RunLayout
-from cpmatrix.result import Result, Status, testcase_name
+from cpmatrix.result import Result, Status, target_of, testcase_name
 
 __all__ = ["JSON_COMMANDS", "SCHEMA_PATH", "SCHEMA_VERSION", "cell_row", "emit", "emitted",
            "error_doc", "gate_doc", "merge_doc", "run_doc", "show_doc"]
@@ -82,7 +82,7 @@ def cell_row(r: Result) -> dict[str, Any]:
 def _targets(results: Iterable[Result]) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for r in results:
-        target = r.cell_id.split("[", 1)[0].split("@", 1)[0]
+        target = target_of(r.cell_id)
         row = rows.setdefault(target, {"target": target, "cells": 0, "passed": 0,
                                        "failed": 0, "skipped": 0, "time_s": 0.0})
         row["cells"] += 1

@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from cpmatrix.cli.common import add_command
 from cpmatrix.cli.json_out import emit, merge_doc
 from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import RunLayout
+from cpmatrix.result import read_results
 
 __all__ = ["add_parsers", "run"]
 
@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if summary.missing:
         say(f"error: {len(summary.missing)} cells were reported by no folder; they are "
             "in the report as interrupted:\n  " + "\n  ".join(summary.missing[:50]))
-    rows = json.loads(RunLayout(out).results.read_text())
-    bad = sum(1 for r in rows if r["status"] not in ("passed", "cached"))
+    bad = sum(1 for r in read_results(RunLayout(out).results) if not r.status.ok)
     print(f"merged {summary.cells} cells from {len(args.folders)} folders into {out} "
           f"({bad} not passed, {len(summary.missing)} missing, "
           f"{len(summary.conflicts)} conflicts)", file=stream)

@@ -37,6 +37,7 @@ from cpmatrix.cli.cellref import NotFound, resolve_id
 from cpmatrix.cli.common import (
     absolute_path,
     add_command,
+    add_matrix,
     keyword_hints,
     load_and_expand,
     matrix_of,
@@ -50,7 +51,7 @@ from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
 from cpmatrix.remote.protocol import WorldFolder
 from cpmatrix.report.last_failed import FailedEntry, read_last_failed
-from cpmatrix.result import Result, Status
+from cpmatrix.result import Status, read_results
 from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import check_options, reproduce
@@ -88,8 +89,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--from", dest="from_dir", type=absolute_path, default=None, metavar="DIR",
                    help="with --failed: the run's output folder (default: out of "
                    "[tool.cpmatrix], else ./out)")
-    p.add_argument("--matrix", type=absolute_path, default=None,
-                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
+    add_matrix(p)
     p.add_argument("--mutant", default="", help="switch this declared mutant on")
     add_run_arguments(p, exclude=_NOT_FOR_REPRO)
     p.set_defaults(handler=run, out="out/repro", no_cache=True, plain=True, platform=None,
@@ -162,8 +162,7 @@ def failed_in(folder: Path) -> list[FailedEntry]:
         return record
     path = RunLayout(folder).results
     try:
-        rows = json.loads(path.read_text())
-        results = [Result.from_dict(r) for r in rows]
+        results = read_results(path)
     except FileNotFoundError:
         raise UsageError(f"--failed: no run has reported in {folder} (no "
                          f"{RunLayout(folder).last_failed.name} or {path.name}; run first, "

@@ -23,13 +23,20 @@ import time
 from pathlib import Path
 
 from cpmatrix.cli.cellref import NotFound, resolve_id
-from cpmatrix.cli.common import absolute_path, add_command, load_and_expand, matrix_of
+from cpmatrix.cli.common import (
+    absolute_path,
+    add_command,
+    add_matrix,
+    load_and_expand,
+    matrix_of,
+)
 from cpmatrix.cli.json_out import emit, show_doc
 from cpmatrix.cli.show_result import last_results, result_lines
 from cpmatrix.errors import ExitCode, UsageError
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.cellid import parse_cell_id
 from cpmatrix.report.history import KEEP, CellHistory, read_histories
+from cpmatrix.result import target_of
 
 __all__ = ["add_parsers", "run"]
 
@@ -44,8 +51,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
          "cpmatrix show 'allreduce_sum[unit,2x2,fp64' --json",
          "cpmatrix show CELL --history              # outcomes and flake rate over runs"])
     p.add_argument("cell_id", metavar="CELL")
-    p.add_argument("--matrix", type=absolute_path, default=None,
-                   help="matrix YAML (default: matrix in [tool.cpmatrix] of pyproject.toml)")
+    add_matrix(p)
     p.add_argument("--history", action="store_true",
                    help="print the cell's recorded runs (outcomes, flake rate, durations) "
                    "instead of its definition")
@@ -122,7 +128,7 @@ def _not_a_cell(args: argparse.Namespace, expansion: object, exc: NotFound
     except ValueError as bad:
         if "]" in args.cell_id or "@" in args.cell_id:  # meant whole, not a prefix
             raise UsageError(str(bad)) from None
-        target = args.cell_id.split("[", 1)[0]
+        target = target_of(args.cell_id)
     near = [c.id for c in getattr(expansion, "cells", ()) if c.target == target][:5]
     hint = ("; cells of that target include: " + ", ".join(near)) if near else (
         f"; nearest: {', '.join(exc.near)}" if exc.near else "")
@@ -142,8 +148,8 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"--history: {exc}") from None
     history = histories.get(args.cell_id)
     if history is None:
-        target = args.cell_id.split("[", 1)[0]
-        near = sorted(c for c in histories if c.split("[", 1)[0] == target)[:5]
+        target = target_of(args.cell_id)
+        near = sorted(c for c in histories if target_of(c) == target)[:5]
         hint = ("; cells of that target with a history: " + ", ".join(near)) if near else ""
         why = (f"no history of {args.cell_id!r} in {path} ({len(histories)} cells recorded)"
                f"{hint}")

@@ -17,12 +17,11 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from cpmatrix.cli.failures import failure_block
 from cpmatrix.layout import RunLayout, cell_output_logs
-from cpmatrix.result import Result, testcase_name
+from cpmatrix.result import Result, read_results, testcase_name
 
 __all__ = ["last_results", "result_lines"]
 
@@ -31,18 +30,10 @@ def last_results(out: Path, cell_id: str) -> list[Result]:
     """The results of ``cell_id`` in ``out``'s ``results.json`` (its plain run first,
     then its mutant runs); empty when the folder holds no report of it."""
     try:
-        rows = json.loads(RunLayout(out).results.read_text())
+        results = read_results(RunLayout(out).results)
     except (OSError, ValueError):
         return []
-    found = []
-    for row in rows if isinstance(rows, list) else []:
-        try:
-            r = Result.from_dict(row)
-        except ValueError:
-            continue
-        if r.cell_id == cell_id:
-            found.append(r)
-    return sorted(found, key=lambda r: bool(r.mutant))
+    return sorted((r for r in results if r.cell_id == cell_id), key=lambda r: bool(r.mutant))
 
 
 def result_lines(r: Result, out: Path, *, full_trace: bool = False) -> list[str]:

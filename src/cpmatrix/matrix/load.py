@@ -59,11 +59,16 @@ from cpmatrix.matrix.yamlreader import (
 
 __all__ = [
     "ALLOWED_KEYS",
+    "NAME_A_MATRIX",
     "load_matrix",
     "parse_matrix",
     "read_spec_text",
     "reject_duplicate_keys",
 ]
+
+#: How to name a matrix, said wherever none is named or the named one is missing.
+NAME_A_MATRIX: Final = ("give --matrix FILE, or set matrix = \"FILE\" in [tool.cpmatrix] of "
+                        "your pyproject.toml (`cpmatrix init` writes a starter project)")
 
 _BUILTIN_DEFAULTS: Final[dict[str, tuple[str, ...]]] = {
     "mesh": ("1x1",),
@@ -482,8 +487,6 @@ def load_matrix(path: str | os.PathLike[str]) -> Matrix:
         text = read_spec_text(file, "matrix")
     except SpecError as exc:
         if not os.path.exists(file):  # say how to name another one
-            raise SpecError(file, 0, 0, "", exc.message, hint="point at a matrix with "
-                            "--matrix FILE, or matrix = \"FILE\" in [tool.cpmatrix] of "
-                            "pyproject.toml") from None
+            raise SpecError(file, 0, 0, "", exc.message, hint=NAME_A_MATRIX) from None
         raise
     return parse_matrix(text, file)

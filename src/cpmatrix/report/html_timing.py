@@ -35,6 +35,7 @@ from typing import Any, Final
 from cpmatrix.layout import RunLayout
 from cpmatrix.report.history import CellHistory
 from cpmatrix.report.read import ReportCell
+from cpmatrix.result import target_of
 
 __all__ = ["TargetRun", "history_section", "history_svg", "read_timings", "target_runs",
            "timings_section"]
@@ -119,7 +120,7 @@ def target_runs(history: Mapping[str, CellHistory]) -> dict[str, list[TargetRun]
     """Per target, its recorded runs, oldest first (a run's cells share its end time)."""
     acc: dict[str, dict[float, list[float]]] = defaultdict(dict)
     for cell_id, h in history.items():
-        target = cell_id.split("[", 1)[0].split("@", 1)[0]
+        target = target_of(cell_id)
         for r in h.runs:
             row = acc[target].setdefault(round(r.at, 1), [0, 0, 0.0])
             row[0] += 1
@@ -164,7 +165,7 @@ def history_section(history: Mapping[str, CellHistory]) -> str:
         return ""
     cells: dict[str, list[CellHistory]] = defaultdict(list)
     for cell_id, h in history.items():
-        cells[cell_id.split("[", 1)[0].split("@", 1)[0]].append(h)
+        cells[target_of(cell_id)].append(h)
     rows = []
     for target, runs in per_target.items():
         mine = cells[target]

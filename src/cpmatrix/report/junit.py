@@ -20,7 +20,7 @@ from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped,
 from cpmatrix.fsutil import atomic_write_bytes
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.result import Result, Status, testcase_name
+from cpmatrix.result import Result, Status, target_of, testcase_name
 
 __all__ = ["merge_junit", "results_to_junit", "write_run_junit", "write_suites",
            "xml_safe"]
@@ -120,7 +120,7 @@ def _failure_text(result: Result) -> str:
 
 
 def _testcase(cell: Cell | None, result: Result) -> TestCase:
-    target = cell.target if cell else result.cell_id.split("[", 1)[0]
+    target = cell.target if cell else target_of(result.cell_id)
     tc = TestCase(xml_safe(testcase_name(result.cell_id, result.mutant)),
                   classname=xml_safe(target), time=round(result.duration_s, 3))
     props = Properties()
@@ -155,7 +155,7 @@ def results_to_junit(results: Iterable[Result], cells: Mapping[str, Cell],
     suites: dict[str, TestSuite] = {}
     for r in results:
         cell = cells.get(r.cell_id)
-        target = cell.target if cell else r.cell_id.split("[", 1)[0]
+        target = cell.target if cell else target_of(r.cell_id)
         suite = suites.get(target)
         if suite is None:
             suite = suites[target] = TestSuite(target)

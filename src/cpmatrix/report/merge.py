@@ -55,7 +55,7 @@ from cpmatrix.report.history import (
     save_run_history,
 )
 from cpmatrix.report.junit import results_to_junit, write_suites
-from cpmatrix.result import FailureKind, RankFailure, Result, Status, testcase_name
+from cpmatrix.result import FailureKind, RankFailure, Result, Status, read_results, testcase_name
 
 __all__ = ["MergeSummary", "ShardManifest", "merge_shards", "selection_digest"]
 
@@ -310,7 +310,7 @@ def merge_shards(folders: Sequence[Path], out: Path) -> MergeSummary:
 def _read_folder(folder: Path, warnings: list[str]) -> tuple[list[Result], JUnitXml]:
     """One run's results and report; a folder without them adds nothing (and a warning)."""
     try:
-        rows = [Result.from_dict(d) for d in _read_json(RunLayout(folder).results)]
+        rows = read_results(RunLayout(folder).results)
     except FileNotFoundError:
         warnings.append(f"{folder}: no results.json (did that run finish?); its cells "
                         "count as missing")

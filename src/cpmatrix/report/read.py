@@ -20,7 +20,7 @@ from typing import Any
 from junitparser import Error, Failure, JUnitXml, JUnitXmlError, Properties, Skipped
 
 from cpmatrix.matrix.cellid import parse_cell_id
-from cpmatrix.result import Status, split_testcase_name
+from cpmatrix.result import Status, split_testcase_name, target_of
 
 __all__ = ["ReportCell", "ReportError", "read_report"]
 
@@ -75,7 +75,7 @@ class ReportCell:
         try:
             parsed = parse_cell_id(self.cell_id)
         except ValueError:
-            return self.cell_id.split("[", 1)[0] if key == "target" else ""
+            return target_of(self.cell_id) if key == "target" else ""
         if key == "autocast":
             return "on" if parsed.autocast else "off"
         if key == "params":
