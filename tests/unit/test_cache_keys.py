@@ -611,3 +611,18 @@ def test_settle_checks_the_paths_after_an_absent_one(tree: Path) -> None:
     reads = {str(tree / "a-missing.txt"): ABSENT, data: signature(data)}
     (tree / "data.txt").write_text("2.0")
     assert ReadHashes().settle(reads) == f"{data} changed after the cell read it"
+
+
+def test_an_unobservable_start_is_never_stored_and_its_reason_comes_first(
+        tmp_path: Path) -> None:
+    """Issue 30, row 1: a process the cell started that was not followed (``?`` + why)
+    outranks every other reason, wherever it sorts, and nothing is hashed for it."""
+    data = tmp_path / "data.txt"
+    data.write_text("1")
+    hashes = ReadHashes()
+    why = "it started `cat data.txt`, which reported no reads"
+    assert hashes.settle({str(data): signature(str(data)), "start:`cat`": "?" + why}) == why
+    assert hashes.settle({"/a": CHANGED, "~z": "?" + why}) == why
+    assert hashes.settle({str(data): signature(str(data))}) == {
+        str(data): "sha256:" + hashlib.sha256(b"1").hexdigest()}
+    assert merge_reads([{"s": "?" + why}, {"s": "?other"}, {"s": "f:1"}]) == {"s": "?" + why}

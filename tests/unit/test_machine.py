@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -57,14 +56,6 @@ def test_the_cpu_capability_is_probed_once_per_toolchain_and_cpu(tmp_path: Path)
     assert LocalMachine("py", memo=memo, toolchain={"t": "2"}, cpuinfo=str(info),
                         run=run).cpu()["cpu_capability"] == "AVX2"
     assert len(run.argv) == 3  # another toolchain probes again
-
-
-def test_the_default_reads_this_machine() -> None:
-    ident = LocalMachine(sys.executable).cpu()
-    import torch
-
-    assert ident["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert ident["cpu_flags"] == cpu_flags(Path("/proc/cpuinfo").read_text())
 
 
 def test_the_cuda_path_on_an_injected_device(tmp_path: Path) -> None:

@@ -34,6 +34,11 @@ What is observed:
   could be imported count), so a module *added* where an import would find it reruns
   the cell too.
 
+- **processes the cell starts** (:mod:`cpmatrix.remote.follow`): their executable and the
+  files their arguments name; a Python child observes its own reads into a log the rank
+  merges; a start nobody answered (a native program, a shell) makes the cell
+  unobservable (a ``?`` signature with the reason: never stored).
+
 What is not observed (each is covered elsewhere or is a documented limit, docs/cache.md):
 the interpreter's standard library; files listed in the ``RECORD`` of a non-editable
 installed distribution (covered by its ``name==version`` in the toolchain key); the run's

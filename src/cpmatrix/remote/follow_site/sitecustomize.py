@@ -11,7 +11,7 @@ import sys
 def _follow() -> None:
     try:
         from cpmatrix.remote.observe import child_main
-    except ImportError:  # no cpmatrix here: the start stays unanswered (unobservable)
+    except Exception:  # no cpmatrix here (or another Python): the start stays unanswered
         return
     child_main()
 
