@@ -2,9 +2,11 @@
 
 One ``cpmatrix run --mutants`` of ``tests/resources/parity/flips.yaml``: a ReLU MLP and a
 top-k MoE whose first reduction is split over cp1 (so a pre-activation or a router logit
-near a tie can take the other branch on the CP side), fp32 and bf16, 1x2 and 2x2, with a
-10% bug on a 1-, 3- and 8-element bias grad. Every correct cell passes; every bug is killed
-by ``param_grad``; the evidence says the twin ran with its probes.
+near a tie can take the other branch on the CP side), fp32 and bf16 (autocast on and off),
+1x2 and 2x2, with a 10% bug on a 1-, 3-, 8- and 16-element bias grad; and cells where the
+serial side itself flips the pre-activation nearest 0 (the bug must still be killed).
+Every correct cell passes; every bug is killed by ``param_grad``; the evidence says the
+twin ran with its probes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
     plain = [r for r in run.results if not r.get("mutant")]
     mutated = [r for r in run.results if r.get("mutant")]
-    assert len(plain) == 24 and len(mutated) == 24
+    assert len(plain) >= 50 and len(mutated) >= 80
     for r in plain:
         assert r["status"] == "passed", (r["cell_id"], r["failures"])
         assert "probes" in r["evidence"]["parity.twin"], r["evidence"]["parity.twin"]
