@@ -50,3 +50,36 @@ def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
     for r in mutated:
         assert r["status"] == "killed", (r["cell_id"], r["status"], r["message"])
         assert r["evidence"]["killed_by"] == "param_grad", r["evidence"]
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    out = tmp_path_factory.mktemp("buffers") / "out"
+    proc = run_cli(
+        "run",
+        "--matrix",
+        str(RES / "buffers.yaml"),
+        "--mutants",
+        "--out",
+        str(out),
+        "--plain",
+        timeout=600,
+    )
+    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
+
+
+def test_a_buffer_declared_partial_is_reduced_before_it_is_compared(counts: Run) -> None:
+    # a MoE's tokens_per_expert counts each rank's own tokens: Partial over cp0 by design
+    for mesh in ("2x1", "2x2"):
+        r = counts.cell("moe_counts[", having=mesh)
+        assert r["status"] == "passed", (r["cell_id"], r["failures"])
+        line = r["evidence"]["parity.check.buffer"]
+        assert "tokens_per_expert: Partial by declaration, reduced (sum over cp0)" in line
+        # summed twice (once by the CP side itself): the declared reduction shows it
+        killed = counts.cell("moe_counts[", "count_reduced_early", mesh)
+        assert killed["status"] == "killed", killed
+        assert killed["evidence"]["killed_by"] == "buffer"
+    # undeclared, each rank's partial count is compared with the serial total: fails
+    r = counts.cell("moe_counts_undeclared[")
+    assert r["status"] == "failed"
+    assert "tokens_per_expert" in r["failures"][0]["message"], r["failures"]

@@ -19,12 +19,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from cpmatrix.parity import TensorSpec, check_parity, mutant_on, mutants
 
 _BUG = "bias_grad_10pct"
 _BUG_TEXT = "the last bias's grad is 0.9 x the right one (a 10% bug on a tiny tensor)"
+_EARLY = "count_reduced_early"
+_EARLY_TEXT = "the CP side already sums tokens_per_expert over cp0, and the loop sums it again"
 _HIDDEN = "hidden_bias_grad_half"
 _HIDDEN_TEXT = "the hidden layer's bias grad (where the ReLU flips land) is 0.5 x the right one"
 
@@ -213,6 +215,8 @@ class CPMoE(MoE):
         hw = _ReduceGrad.apply(self.head.weight, rows, 1.0)
         hb = _ReduceGrad.apply(self.head.bias, rows, scale)
         y = F.linear(self.mix(full, logits, experts), hw, hb)
+        if self.count and rows and mutant_on(self.cell, _EARLY):
+            dist.all_reduce(self.tokens_per_expert, group=rows[0])
         shape = torch.Size((x.shape[0], y.shape[-1]))
         return DTensor.from_local(
             y,
@@ -221,6 +225,28 @@ class CPMoE(MoE):
             shape=shape,
             stride=torch.empty(shape, device="meta").stride(),
         )
+
+
+@mutants(**{_EARLY: _EARLY_TEXT})
+def moe_counts(cell: Any) -> None:
+    """The MoE pattern of a buffer partial by design: each rank counts the tokens it routed
+    (``tokens_per_expert``), the training loop sums the counts over the data-parallel axis
+    (cp0) later. ``params.declare``: whether the case declares it ``Partial`` over cp0."""
+    torch.manual_seed(cell.seed)
+    declare = bool(cell.params.get("declare", True))
+    check_parity(
+        cell,
+        MoE(8, 4, 2, 3, count=True),
+        CPMoE(8, 4, 2, 3, count=True, cell=cell),
+        inputs={"x": TensorSpec(shape=(32, 8))},
+        placements={"x": [Shard(0), Shard(1)]},
+        allow_zero={
+            f"grad experts.{e}.{p}": "an expert no token is routed to has no grad"
+            for e in range(4)
+            for p in ("weight", "bias")
+        },
+        buffers={"tokens_per_expert": {"cp0": Partial()}} if declare else None,
+    )
 
 
 @mutants(**{_BUG: _BUG_TEXT})
