@@ -73,7 +73,10 @@ def _targets(path: Path, keep: Any, dtypes: list[str], seeds: int) -> list[dict[
     return out
 
 
-def _matrix(seeds: int, smoke: bool) -> dict[str, Any]:
+SOURCES = ("suite", "recipes", "flips")
+
+
+def _matrix(seeds: int, smoke: bool, sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     flips = ROOT / "tests" / "resources" / "parity"
     if smoke:
         cases = _targets(flips / "flips.yaml", lambda t: t["name"] == "relu_mlp", ["fp32"],
@@ -84,12 +87,13 @@ def _matrix(seeds: int, smoke: bool) -> dict[str, Any]:
         return {"version": 1, "pythonpath": [str(flips)],
                 "platforms": {"cpu": {"backend": "gloo", "device": "cpu"}}, "targets": cases}
     suite = _targets(ROOT / "matrix" / "parity.yaml", lambda t: t["name"].endswith("_lowp"),
-                     ["fp32", "bf16"], seeds)
+                     ["fp32", "bf16"], seeds) if "suite" in sources else []
     for t in suite:  # the kernel path runs Triton's interpreter: minutes per cell on CPU
         t["axes"] = {**t["axes"], "path": ["reference"]}
     recipes = _targets(ROOT / "matrix" / "recipes.yaml", lambda t: True, ["fp32", "bf16"],
-                       seeds)
-    cases = _targets(flips / "flips.yaml", lambda t: True, ["fp32", "bf16"], seeds)
+                       seeds) if "recipes" in sources else []
+    cases = (_targets(flips / "flips.yaml", lambda t: True, ["fp32", "bf16"], seeds)
+             if "flips" in sources else [])
     return {"version": 1, "pythonpath": [str(flips)],
             "platforms": {"cpu": {"backend": "gloo", "device": "cpu",
                                   "env": {"TRITON_INTERPRET": "1"}}},
@@ -173,8 +177,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="where the run writes")
     parser.add_argument("--summarize", type=Path, default=None,
                         help="only print the tables of a finished run's --out folder")
+    parser.add_argument("--sources", default=",".join(SOURCES),
+                        help=f"comma-separated, of {', '.join(SOURCES)} (default: all)")
     add_smoke(parser)
     args = parser.parse_args()
+    sources = tuple(x for x in args.sources.split(",") if x)
+    if not set(sources) <= set(SOURCES):
+        parser.error(f"--sources: unknown {sorted(set(sources) - set(SOURCES))} "
+                     f"(allowed: {', '.join(SOURCES)})")
     if args.summarize:
         print(summarize(args.summarize))
         return 0
@@ -182,7 +192,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="parity-sweep-"))
     out = args.out or work / "out"
     matrix = work / "sweep.yaml"
-    matrix.write_text(yaml.safe_dump(_matrix(seeds, args.smoke), sort_keys=False),
+    matrix.write_text(yaml.safe_dump(_matrix(seeds, args.smoke, sources), sort_keys=False),
                       encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
