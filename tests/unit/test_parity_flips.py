@@ -3,7 +3,7 @@
 The antithetic probes (the twin run again with +/- a rounding-sized step) mark the
 elements that jump (:func:`unstable_mask`); :func:`judge` keeps them out of the stable
 elements' noise and budget and judges them as a bounded population (:class:`Flips`).
-Pure tensors here; the probes' runs and real cases are in tests/worlds/test_parity_flips.py.
+Pure tensors here; the probes' runs and real cases are in tests/worlds/test_parity_flip_worlds.py.
 """
 
 from __future__ import annotations
@@ -158,3 +158,25 @@ def test_probes_not_in_pairs_are_ignored(odd: tuple[str, ...]) -> None:
     probes = tuple(twin for _ in odd)  # zero or one probe: no antithetic pair
     (diff,) = compare_named({"w": (twin, serial, Probed(twin, probes))}, BF16)
     assert diff.ok and diff.flips is None
+
+
+def test_a_tiny_tensor_of_a_probed_check_adds_one_typical_draw_not_four() -> None:
+    # issue 31, finding 3: the pooled noise times F let a 10% bug pass on a 1- or 3-element
+    # bias grad. With probes (a step check) a tiny tensor gets F x its own noise + the floor
+    # + ONE typical draw of its check's noise (the median over its larger tensors).
+    twin = torch.tensor([2.0, -1.0, 0.5], dtype=D)
+    serial = twin.clone()
+    smooth = (twin + 1e-4, twin - 1e-4)
+    pooled = 0.025  # bf16: 2.5% of the scale, typical
+    budget = RULE.floor(2.0) + pooled * 2.0  # 4 ulp + one draw: 5.6% of the scale
+    name, bad, _, _, got = twin_verdict(
+        twin * 0.9, serial, twin, RULE, pooled=pooled, probes=smooth
+    )
+    assert name == "twin-pooled" and got == pytest.approx(budget)
+    assert bad.tolist() == [True, False, False]  # the 10% bug on the largest: seen
+    ok = twin + torch.tensor([0.9 * budget, 0.0, 0.0], dtype=D)
+    assert not twin_verdict(ok, serial, twin, RULE, pooled=pooled, probes=smooth)[1].any()
+    # without probes (a training check): F x the pooled noise, as before
+    assert twin_verdict(twin * 0.9, serial, twin, RULE, pooled=pooled)[4] == pytest.approx(
+        RULE.budget(serial_err=pooled * 2.0, scale=2.0)
+    )

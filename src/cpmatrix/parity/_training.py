@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from cpmatrix.parity._buffers import BufferPlacements, plan_buffers, reduced
 from cpmatrix.parity._convert import record_warnings, recording_warnings
 from cpmatrix.parity._inputs import (
     Axes,
@@ -75,6 +76,7 @@ def run_training(
     allow_zero: Mapping[str, str],
     prepare_cp: PrepareCP | None,
     activations: Callable[[], Mapping[str, Any]] | None,
+    buffers: BufferPlacements | None,
     optimizer: OptimizerFactory,
     steps: int,
     loss: LossFn | None,
@@ -126,7 +128,12 @@ def run_training(
             with twin.running():
                 if twin.ok and t_opt is not None:
                     t_opt.step()
-            check_buffers(verdicts, named_buffers(serial), named_buffers(cp), tol,
+            with odd_input_fails(Check.SETUP):
+                plan = plan_buffers(buffers, named_buffers(cp), cell.mesh)
+            if step == 0:
+                verdicts.lines.setdefault(Check.BUFFER, []).extend(b.line() for b in plan)
+            check_buffers(verdicts, named_buffers(serial),
+                          reduced(named_buffers(cp), plan, cell.mesh), tol,
                           named_buffers(twin.module) if twin.ok else {}, when=f"step {step}")
     record_warnings(verdicts, warns)
     verdicts.evidence["twin"] = twin_line(tol, twin)

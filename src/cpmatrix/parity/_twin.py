@@ -36,6 +36,7 @@ from cpmatrix.parity._convert import convert_module
 from cpmatrix.parity._inputs import rebuild
 from cpmatrix.parity.compare import Probed, flatten
 from cpmatrix.parity.dtypes import twin_running
+from cpmatrix.parity.flips import PROBE_ULPS
 
 __all__ = [
     "PROBE_SEED",
@@ -48,11 +49,6 @@ __all__ = [
     "upcast_inputs",
 ]
 
-#: The probes' step, in ulps (eps) of the precision the cell computes in, relative to each
-#: value: the rounding one op can cost is half an ulp; the step covers several ops'
-#: rounding adding up, so a decision the serial or CP side's rounding flips is flipped by
-#: one of the two probes too (docs/parity.md, "Discrete decisions").
-PROBE_ULPS = 2.0
 #: The probes' random signs come from a generator of their own (the case's draws are
 #: never moved), seeded alike for both probes: they are exact opposites.
 PROBE_SEED = 20261206

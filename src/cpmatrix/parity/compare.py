@@ -324,8 +324,15 @@ def judge(
         bad = (torch.full(cp.shape, cp_norm > budget) & stable) | flip_bad
         return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget, flips
     estimate = pooled * scale if cp.numel() < POOL_BELOW else 0.0
-    name = "twin-pooled" if estimate > serial_err else "twin"
-    budget = rule.budget(serial_err=max(serial_err, estimate), scale=scale)
+    if probes is not None:
+        # a step check (the twin probed): the tensor's own noise times the factor, plus
+        # one typical draw of its check's noise (docs/parity.md, "Tensors of one or a few
+        # elements")
+        name = "twin-pooled" if estimate > 0.0 else "twin"
+        budget = rule.budget(serial_err=serial_err, scale=scale) + estimate
+    else:
+        name = "twin-pooled" if estimate > serial_err else "twin"
+        budget = rule.budget(serial_err=max(serial_err, estimate), scale=scale)
     flips, bad = flip_verdict(cp_abs, serial, twin, probes, unstable, stable | ~usable, equal,
                         budget, rule.factor)
     stable_cp = torch.where(unstable, 0.0, cp_abs)

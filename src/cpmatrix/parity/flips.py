@@ -29,6 +29,7 @@ import torch
 
 __all__ = [
     "NAMED_FLIPS",
+    "PROBE_ULPS",
     "Flips",
     "Probed",
     "Probes",
@@ -37,6 +38,14 @@ __all__ = [
     "probes_of",
     "unstable_mask",
 ]
+
+#: The probes' step, in ulps (eps) of the precision the cell computes in: relative to each
+#: input value, and to the rms of each module's output (the rounding a sum's result takes
+#: at the scale of its terms, which a value near 0 does not show). One op's rounding is
+#: half an ulp; two ulps cover a few adding up, so a decision the serial or CP side's
+#: rounding flips is flipped by a probe too (measured: docs/parity.md, "Discrete
+#: decisions").
+PROBE_ULPS = 2.0
 
 #: At most this many flipped elements are named in the evidence (the count is always given).
 NAMED_FLIPS = 5

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from cpmatrix.parity._buffers import BufferPlacements, PartialBuffer, plan_buffers, reduced
 from cpmatrix.parity._convert import record_warnings, recording_warnings
 from cpmatrix.parity._inputs import (
     Axes,
@@ -113,6 +114,7 @@ def check_parity(
     steps: int = 3,
     loss: Callable[[Any], torch.Tensor] | None = None,
     context: ContextFactory | None = None,
+    buffers: BufferPlacements | None = None,
     label: str = "parity",
 ) -> ParityReport:
     """Run ``serial`` and ``cp`` on the same inputs and weights; compare everything.
@@ -143,7 +145,9 @@ def check_parity(
     step, ``lambda ins: context_parallel(mesh, buffers=[ins["x"]], buffer_seq_dims=[1])``)
     entered around the CP side's whole step: forward, loss and backward, as a training
     loop runs them (the optimizer step follows outside it); the serial side and the fp64
-    twin run outside it.
+    twin run outside it. ``buffers``: buffer name -> ``{mesh dim: Partial()}`` for a CP
+    buffer that is partial by design (a MoE's per-rank ``tokens_per_expert``, all-reduced
+    later in the training loop): a copy is reduced over those dims before it is compared.
 
     Tensors anywhere inside an input (lists, tuples, dicts, dataclasses) are inputs like
     any other (named ``batch.tokens``; ``placements`` may name them so), and so are
@@ -195,6 +199,7 @@ def check_parity(
             allow_zero=allow_zero or {},
             prepare_cp=prepare_cp,
             activations=activations,
+            buffers=buffers,
             optimizer=optimizer,
             steps=steps,
             loss=loss,
@@ -213,6 +218,7 @@ def check_parity(
         allow_zero=allow_zero,
         prepare_cp=prepare_cp,
         activations=activations,
+        buffers=buffers,
         enter=enter,
         verdicts=verdicts,
     )
@@ -231,6 +237,7 @@ def _check_step(
     allow_zero: Mapping[str, str] | None,
     prepare_cp: PrepareCP | None,
     activations: Activations | None,
+    buffers: BufferPlacements | None,
     enter: EnterStep,
     verdicts: Verdicts,
 ) -> ParityReport:
@@ -290,8 +297,10 @@ def _check_step(
         skip_grads_for_shapes(verdicts, shapes)
         verdicts.add(Check.NONZERO, grad_problems(_serial_values(s_leaves), allow_zero=allow_zero))
         return finish(cell, verdicts, tol, perturbed)
+    with odd_input_fails(Check.SETUP):
+        plan = plan_buffers(buffers, named_buffers(cp), cell.mesh)
     _check_grads(cell, verdicts, ins, serial, cp, serial_params, cp_params, s_leaves, twin, tol,
-                 allow_zero)
+                 allow_zero, plan)
     return finish(cell, verdicts, tol, perturbed)
 
 
@@ -325,7 +334,7 @@ def _check_grads(
     cell: Any, verdicts: Verdicts, ins: Inputs, serial: Any, cp: Any,
     serial_params: Mapping[str, torch.Tensor], cp_params: Mapping[str, torch.Tensor],
     s_leaves: Mapping[str, Any], twin: Twin, tol: Tolerance,
-    allow_zero: Mapping[str, str] | None,
+    allow_zero: Mapping[str, str] | None, plan: list[PartialBuffer],
 ) -> None:
     """After backward: every input grad, parameter grad and buffer against the serial side
     (and the twin); grads placed and replicated as they should be, non-zero and finite."""
@@ -343,7 +352,9 @@ def _check_grads(
     if input_grads:
         verdicts.add(Check.INPUT_GRAD, replicated_problems(input_grads, cell.mesh))
     check_param_grads(verdicts, serial_params, cp_params, tol, cell.mesh, twin.param_grads)
-    check_buffers(verdicts, named_buffers(serial), named_buffers(cp), tol, twin.buffers)
+    verdicts.lines.setdefault(Check.BUFFER, []).extend(b.line() for b in plan)
+    check_buffers(verdicts, named_buffers(serial), reduced(named_buffers(cp), plan, cell.mesh),
+                  tol, twin.buffers)
     verdicts.add(
         Check.NONZERO,
         grad_problems(

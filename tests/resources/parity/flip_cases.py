@@ -19,12 +19,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from cpmatrix.parity import TensorSpec, check_parity, mutant_on, mutants
 
 _BUG = "bias_grad_10pct"
 _BUG_TEXT = "the last bias's grad is 0.9 x the right one (a 10% bug on a tiny tensor)"
+_EARLY = "count_reduced_early"
+_EARLY_TEXT = "the CP side already sums tokens_per_expert over cp0, and the loop sums it again"
+_HIDDEN = "hidden_bias_grad_half"
+_HIDDEN_TEXT = "the hidden layer's bias grad (where the ReLU flips land) is 0.5 x the right one"
 
 
 class _ReduceGrad(torch.autograd.Function):
@@ -88,13 +92,23 @@ def _axes(x: DTensor) -> tuple[list[Any], Any, int, int]:
 
 
 class MLP(nn.Module):
-    def __init__(self, d_in: int, hidden: int, d_out: int) -> None:
+    """``serial_flip``: in a low precision, the pre-activation nearest 0 takes the other
+    sign (what the serial side's own rounding does to a near tie; the fp64 twin and its
+    probes run in float64, where it does not): issue 31's flip on the serial side."""
+
+    def __init__(self, d_in: int, hidden: int, d_out: int, serial_flip: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_in, hidden)
         self.fc2 = nn.Linear(hidden, d_out)
+        self.serial_flip = serial_flip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
+        h = self.fc1(x)
+        if self.serial_flip and h.dtype != torch.float64:
+            nearest = torch.zeros_like(h).flatten()
+            nearest[h.detach().abs().argmin()] = 2.0
+            h = h * (1 - nearest.view_as(h))
+        return self.fc2(torch.relu(h))
 
 
 class CPMLP(MLP):
@@ -113,7 +127,7 @@ class CPMLP(MLP):
         w1 = _ReduceGrad.apply(self.fc1.weight, everyone, 1.0)[
             :, index * width : (index + 1) * width
         ]
-        b1 = _ReduceGrad.apply(self.fc1.bias, rows, 1.0)
+        b1 = _ReduceGrad.apply(self.fc1.bias, rows, 0.5 if mutant_on(self.cell, _HIDDEN) else 1.0)
         scale = 0.9 if mutant_on(self.cell, _BUG) else 1.0
         w2 = _ReduceGrad.apply(self.fc2.weight, rows, 1.0)
         b2 = _ReduceGrad.apply(self.fc2.bias, rows, scale)
@@ -129,14 +143,14 @@ class CPMLP(MLP):
         )
 
 
-@mutants(**{_BUG: _BUG_TEXT})
+@mutants(**{_BUG: _BUG_TEXT, _HIDDEN: _HIDDEN_TEXT})
 def relu_mlp(cell: Any) -> None:
     torch.manual_seed(cell.seed)
     d_out = int(cell.params.get("d_out", 3))
     rows = int(cell.params.get("rows", 16))
     check_parity(
         cell,
-        MLP(16, 32, d_out),
+        MLP(16, 32, d_out, serial_flip=bool(cell.params.get("serial_flip", False))),
         CPMLP(16, 32, d_out, cell),
         inputs={"x": TensorSpec(shape=(rows, 16))},
         placements={"x": [Shard(0), Shard(1)]},
@@ -201,6 +215,8 @@ class CPMoE(MoE):
         hw = _ReduceGrad.apply(self.head.weight, rows, 1.0)
         hb = _ReduceGrad.apply(self.head.bias, rows, scale)
         y = F.linear(self.mix(full, logits, experts), hw, hb)
+        if self.count and rows and mutant_on(self.cell, _EARLY):
+            dist.all_reduce(self.tokens_per_expert, group=rows[0])
         shape = torch.Size((x.shape[0], y.shape[-1]))
         return DTensor.from_local(
             y,
@@ -209,6 +225,28 @@ class CPMoE(MoE):
             shape=shape,
             stride=torch.empty(shape, device="meta").stride(),
         )
+
+
+@mutants(**{_EARLY: _EARLY_TEXT})
+def moe_counts(cell: Any) -> None:
+    """The MoE pattern of a buffer partial by design: each rank counts the tokens it routed
+    (``tokens_per_expert``), the training loop sums the counts over the data-parallel axis
+    (cp0) later. ``params.declare``: whether the case declares it ``Partial`` over cp0."""
+    torch.manual_seed(cell.seed)
+    declare = bool(cell.params.get("declare", True))
+    check_parity(
+        cell,
+        MoE(8, 4, 2, 3, count=True),
+        CPMoE(8, 4, 2, 3, count=True, cell=cell),
+        inputs={"x": TensorSpec(shape=(32, 8))},
+        placements={"x": [Shard(0), Shard(1)]},
+        allow_zero={
+            f"grad experts.{e}.{p}": "an expert no token is routed to has no grad"
+            for e in range(4)
+            for p in ("weight", "bias")
+        },
+        buffers={"tokens_per_expert": {"cp0": Partial()}} if declare else None,
+    )
 
 
 @mutants(**{_BUG: _BUG_TEXT})

@@ -1,0 +1,85 @@
+"""Issue 31: discrete decisions that flip under rounding, on real gloo worlds.
+
+One ``cpmatrix run --mutants`` of ``tests/resources/parity/flips.yaml``: a ReLU MLP and a
+top-k MoE whose first reduction is split over cp1 (so a pre-activation or a router logit
+near a tie can take the other branch on the CP side), fp32 and bf16 (autocast on and off),
+1x2 and 2x2, with a 10% bug on a 1-, 3-, 8- and 16-element bias grad; and cells where the
+serial side itself flips the pre-activation nearest 0 (the bug must still be killed).
+Every correct cell passes; every bug is killed by ``param_grad``; the evidence says the
+twin ran with its probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_runner import run_cli
+from world_runs import Run, read_run
+
+RES = Path(__file__).parents[1] / "resources" / "parity"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    out = tmp_path_factory.mktemp("flips") / "out"
+    proc = run_cli(
+        "run",
+        "--matrix",
+        str(RES / "flips.yaml"),
+        "--mutants",
+        "--out",
+        str(out),
+        "--plain",
+        timeout=600,
+    )
+    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
+
+
+def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
+    plain = [r for r in run.results if not r.get("mutant")]
+    mutated = [r for r in run.results if r.get("mutant")]
+    assert len(plain) >= 50 and len(mutated) >= 80
+    for r in plain:
+        assert r["status"] == "passed", (r["cell_id"], r["failures"])
+        assert "probes" in r["evidence"]["parity.twin"], r["evidence"]["parity.twin"]
+    for r in mutated:
+        assert r["status"] == "killed", (r["cell_id"], r["status"], r["message"])
+        assert r["evidence"]["killed_by"] == "param_grad", r["evidence"]
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    out = tmp_path_factory.mktemp("buffers") / "out"
+    proc = run_cli(
+        "run",
+        "--matrix",
+        str(RES / "buffers.yaml"),
+        "--mutants",
+        "--out",
+        str(out),
+        "--plain",
+        timeout=600,
+    )
+    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
+
+
+def test_a_buffer_declared_partial_is_reduced_before_it_is_compared(counts: Run) -> None:
+    # a MoE's tokens_per_expert counts each rank's own tokens: Partial over cp0 by design
+    for mesh in ("2x1", "2x2"):
+        r = counts.cell("moe_counts[", having=mesh)
+        assert r["status"] == "passed", (r["cell_id"], r["failures"])
+        line = r["evidence"]["parity.check.buffer"]
+        assert "tokens_per_expert: Partial by declaration, reduced (sum over cp0)" in line
+        # summed twice (once by the CP side itself): the declared reduction shows it
+        killed = counts.cell("moe_counts[", "count_reduced_early", mesh)
+        assert killed["status"] == "killed", killed
+        assert killed["evidence"]["killed_by"] == "buffer"
+    # undeclared, each rank's partial count is compared with the serial total: fails
+    r = counts.cell("moe_counts_undeclared[")
+    assert r["status"] == "failed"
+    assert "tokens_per_expert" in r["failures"][0]["message"], r["failures"]
