@@ -96,3 +96,14 @@ def test_every_rank_report_counts_and_junit_names_the_failing_rank(tmp_path: Pat
                  "test_verdicts_marker::test_teardown_fails_on_rank_one",
                  "test_verdicts_torch.Verdicts::test_subtest_fails_on_rank_one"):
         assert "[rank 1]" in messages[f"shapes.{name}"], messages
+
+
+def test_shapes_cpmatrix_cannot_run_keep_their_native_outcome(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_native_shapes.py")
+    _same(native, front, 3)
+    assert sorted(native.outcomes.values()) == ["passed", "skipped", "skipped"]
+    # One line per class run natively, saying why.
+    assert ("cpmatrix: shapes/test_native_shapes.py::PinnedToNccl: runs as without "
+            "cpmatrix: its class pins backend 'nccl'") in front.output
+    assert "shapes/test_native_shapes.py::SizedByGpus: runs as without cpmatrix: " \
+        "world_size 0" in front.output
