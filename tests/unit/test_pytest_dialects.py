@@ -240,8 +240,34 @@ def test_an_unreadable_world_size_names_the_test() -> None:
 
         def test_x(self) -> None: ...
 
-    with pytest.raises(DialectError, match="cannot read the test's world_size: RuntimeError"):
-        placement(Item(cls=Broken))
+    # It runs as without cpmatrix (torch's harness decides), with a note saying why.
+    found = placement(Item(cls=Broken))
+    assert found is not None and (found.dialect, found.meshes) == ("native", ())
+    assert found.note == ("t.py::Broken::test_x: runs as without cpmatrix: cannot read its "
+                          "world_size (RuntimeError: needs a GPU to tell)")
+
+
+def test_a_world_size_out_of_range_or_a_missing_backend_runs_natively() -> None:
+    class Empty(Pair):
+        __test__ = False
+
+        @property
+        def world_size(self) -> int:
+            return 0
+
+    class Nccl(Continuous):
+        __test__ = False
+
+        @classmethod
+        def backend_str(cls) -> str:
+            return "nccl"
+
+    empty = placement(Item(cls=Empty))
+    assert empty is not None and empty.dialect == "native"
+    assert "world_size 0: a world has 1 to 64 ranks" in empty.note
+    nccl = placement(Item(cls=Nccl))
+    assert nccl is not None and nccl.dialect == "native"
+    assert "pins backend 'nccl', not available here" in nccl.note
 
 
 # ---------------------------------------------------------------------- deepspeed

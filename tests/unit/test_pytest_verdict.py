@@ -112,6 +112,28 @@ def test_ranks_torn_down_after_a_failure_add_no_failure_of_their_own() -> None:
     assert "rank 1 did not finish the call phase" in call.message
 
 
+def test_an_expected_failure_whose_peers_were_cut_off_is_xfailed() -> None:
+    # Rank 0 failed as expected before a collective; rank 1 waited in it, torn down.
+    ranks = {0: ran("xfailed", "planted"), 1: [ph("setup", "passed")]}
+    world = res(Status.FAILED, FailureKind.ERROR, ranks=(0,), failures=(pytest_failure(0),))
+    v = judge(ranks, size=2, result=world)
+    assert outcome_of(v) == ("xfailed", [("setup", "passed", 0), ("call", "skipped", 0),
+                                         ("teardown", "passed", 0)])
+    assert "rank 1 did not finish the call phase" in v.phases[1].message
+
+
+def test_a_strict_xpass_on_one_rank_fails_whatever_its_peers_did() -> None:
+    strict = RankPhase(when="call", outcome="failed", kind="xpassed",
+                       summary="[XPASS(strict)] planted")
+    ranks = {0: ran("passed"), 1: [ph("setup", "passed"), strict, ph("teardown", "passed")]}
+    v = judge(ranks, size=2)
+    assert v.outcome == "failed" and v.phases[1].rank == 1, v
+    # A non-strict xpass next to a pass stays a pass; a strict one on every rank fails.
+    assert judge({0: ran("passed"), 1: ran("xpassed")}, size=2).outcome == "passed"
+    both = {r: [ph("setup", "passed"), strict, ph("teardown", "passed")] for r in (0, 1)}
+    assert judge(both, size=2).outcome == "failed"
+
+
 def test_a_rank_without_reports_and_no_fault_is_a_failure() -> None:
     v = judge({0: ran("passed")}, size=2)
     assert v.outcome == "error"  # its first phase: the setup

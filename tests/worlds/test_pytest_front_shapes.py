@@ -8,11 +8,12 @@ asserts every test ends the same way.
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from pytest_front_runs import SUITES, Run, pytest_run
+from pytest_front_runs import SUITES, Run, pytest_run, torchrun_run
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +68,42 @@ def test_the_out_option_in_its_space_form_on_a_fresh_folder(tmp_path: Path) -> N
     assert run.rc == 0, run.output[-4000:]
     assert run.outcomes == {"test_property_world.PropertySized::test_all_reduce": "passed",
                             "test_property_world.PropertySized::test_rank_and_size": "passed"}
+
+
+def _messages(junit: Path) -> dict[str, str]:
+    """Each test's failure or error ``message`` attribute (what a CI shows first)."""
+    out: dict[str, str] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error"):
+                key = f"{case.get('classname', '')}::{case.get('name', '')}"
+                out[key] = out.get(key, "") + (child.get("message") or "")
+    return out
+
+
+def test_every_rank_report_counts_and_junit_names_the_failing_rank(tmp_path: Path) -> None:
+    torch_file, marker_file = "shapes/test_verdicts_torch.py", "shapes/test_verdicts_marker.py"
+    native = pytest_run([torch_file], tmp_path / "native.xml").outcomes
+    native.update(torchrun_run(2, [marker_file], tmp_path / "torchrun").outcomes)
+    front = pytest_run(["--cpmatrix", f"--cpmatrix-out={tmp_path / 'out'}", torch_file,
+                        marker_file], tmp_path / "front.xml")
+    assert len(native) == 5
+    assert front.outcomes == native, front.output[-4000:]
+    assert sorted(native.values()) == ["error", "failed", "failed", "failed", "xfailed"]
+    # The failing rank in the message itself (junit_logging = no drops report sections).
+    messages = _messages(tmp_path / "front.xml")
+    for name in ("test_verdicts_marker::test_strict_xfail_passes_on_rank_one",
+                 "test_verdicts_marker::test_teardown_fails_on_rank_one",
+                 "test_verdicts_torch.Verdicts::test_subtest_fails_on_rank_one"):
+        assert "[rank 1]" in messages[f"shapes.{name}"], messages
+
+
+def test_shapes_cpmatrix_cannot_run_keep_their_native_outcome(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_native_shapes.py")
+    _same(native, front, 3)
+    assert sorted(native.outcomes.values()) == ["passed", "skipped", "skipped"]
+    # One line per class run natively, saying why.
+    assert ("cpmatrix: shapes/test_native_shapes.py::PinnedToNccl: runs as without "
+            "cpmatrix: its class pins backend 'nccl'") in front.output
+    assert "shapes/test_native_shapes.py::SizedByGpus: runs as without cpmatrix: " \
+        "world_size 0" in front.output

@@ -189,6 +189,15 @@ def _merge_phase(when: str, got: Mapping[int, RankPhase],
     for r, p in sorted(got.items()):
         by.setdefault(p.kind, []).append(r)
     duration = max((p.duration for p in got.values()), default=0.0)
+    if "xpassed" in by and "xfailed" not in by and "failed" not in by:
+        # A strict xfail that passed fails on its rank (pytest's own verdict there),
+        # whatever its peers did.
+        strict = [r for r in by["xpassed"] if got[r].outcome == "failed"]
+        if strict:
+            by["failed"] = strict
+            by["xpassed"] = [r for r in by["xpassed"] if r not in strict]
+            if not by["xpassed"]:
+                del by["xpassed"]
     if "failed" in by:
         r = _pick(by["failed"], primary)
         others = [k for k in by if k != "failed"]
@@ -277,7 +286,7 @@ def judge(ranks: Mapping[int, Sequence[RankPhase]], *, size: int,
     for when in PHASES:
         got = by_phase[when]
         missing = [r for r in range(size) if r not in got]
-        failed_before = any(p.outcome == "failed" for p in phases)
+        failed_before = any(p.outcome == "failed" or p.kind == "xfailed" for p in phases)
         if fault is not None and fault.kind in ("crash", "timeout") and (
                 set(missing) & set(fault.ranks) or not got):
             # The first phase a faulty rank did not finish: the fault is its story.
@@ -299,8 +308,10 @@ def judge(ranks: Mapping[int, Sequence[RankPhase]], *, size: int,
             continue
         merged = _merge_phase(when, got, primary)
         if missing and not failed_before:
-            # (After a failure, ranks torn down while waiting for it report no more.)
-            if merged.outcome == "failed" and merged.rank is not None:
+            # (After a failure, ranks torn down while waiting for it report no more; an
+            # expected failure is a failure the peers waiting for it were cut off by.)
+            if merged.rank is not None and (merged.outcome == "failed"
+                                            or merged.kind == "xfailed"):
                 merged = _with_note(merged, f"{ranks_text(missing)} did not finish the "
                                     f"{when} phase (torn down while waiting for the failing "
                                     "rank)")

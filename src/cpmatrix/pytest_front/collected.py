@@ -51,17 +51,22 @@ def _test(item: Any, found: Placement, digest: str) -> PytestTest:
 
 
 def tests_of(items: Sequence[Any], config: Any, *, every: bool = False,
-             ) -> tuple[list[Any], list[PytestTest]]:
+             notes: list[str] | None = None) -> tuple[list[Any], list[PytestTest]]:
     """(the items that run as usual, the multi-rank tests), in the items' order; with
     ``every`` (a ``pytest:`` matrix target runs every test it collects) a test that needs
     no ranks is a test too, a cell of one rank. A test whose ranks cannot be read is a
-    usage error naming it."""
+    usage error naming it; a torch-harness test run natively instead adds its one-line
+    note to ``notes``."""
     local: list[Any] = []
     tests: list[PytestTest] = []
     digests = SourceDigests(str(config.rootpath), sys.path)  # one for all: files read once
     for item in items:
         try:
             found = placement(item)
+            if found is not None and found.dialect == "native":
+                if notes is not None:
+                    notes.append(found.note)
+                found = None
             if found is None and every:
                 found = Placement("local", ("1x1",), timeout_of(item),
                                   item.get_closest_marker("isolated_world") is not None)

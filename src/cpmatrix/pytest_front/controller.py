@@ -64,7 +64,12 @@ class Controller:
                                       "collection")
         if session.config.option.collectonly:
             return True
-        local, tests = tests_of(session.items, self.config)
+        notes: list[str] = []
+        local, tests = tests_of(session.items, self.config, notes=notes)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for note in _per_class(notes):
+            if reporter is not None:
+                reporter.write_line(f"cpmatrix: {note}")
         for i, item in enumerate(local):
             nextitem = local[i + 1] if i + 1 < len(local) else None
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
@@ -161,3 +166,13 @@ def _worst(done: list[_Done]) -> _Done:
     """Of a test's worlds (one per size), the one that tells its outcome: a failure first,
     then a skip (the first world's skip ends a DeepSpeed-style test natively)."""
     return min(done, key=lambda d: _RANK.get(d[1].outcome, 9))
+
+
+def _per_class(notes: list[str]) -> list[str]:
+    """One note per class and reason (``f.py::C::test_a: why`` -> ``f.py::C: why``)."""
+    out: dict[str, None] = {}
+    for note in notes:
+        nodeid, _, why = note.partition(": ")
+        head = nodeid.rsplit("::", 1)[0] if nodeid.count("::") >= 2 else nodeid
+        out[f"{head}: {why}"] = None
+    return list(out)

@@ -13,10 +13,14 @@ collector of a ``pytest:`` matrix target). :func:`placement` answers for one ite
 4. ``deepspeed``: a plain pytest class with a ``world_size`` class attribute, an int or a
    list of ints (DeepSpeed's ``DistributedTest``): one world per size.
 
-Any other test returns None and runs as usual. The timeout is the test's ``timeout``
-marker (pytest-timeout's), else torch's own per-test table for the torch dialects,
-else DeepSpeed's ``exec_timeout``, else the caller's default. Bad values raise
-:class:`DialectError` naming the test, the value and what is allowed.
+Any other test returns None and runs as usual; a torch-harness test cpmatrix cannot run
+faithfully (its world size unreadable or out of range, its backend missing) is placed
+``native`` with a one-line note: it runs as usual too, and torch's harness decides.
+
+The timeout is the test's ``timeout`` marker (pytest-timeout's), else torch's own
+per-test table for the torch dialects, else DeepSpeed's ``exec_timeout``, else the
+caller's default. Bad values raise :class:`DialectError` naming the test, the value and
+what is allowed.
 
 Example (a bare item-like object)::
 
@@ -68,6 +72,9 @@ class Placement:
     isolated: bool = False
     #: The marker dialect's mesh dimension names.
     dims: tuple[str, ...] = ()
+    #: ``native``: why the test runs as it would without cpmatrix (a shape of torch's
+    #: harness cpmatrix cannot run faithfully), one line.
+    note: str = ""
 
 
 def _size_mesh(nodeid: str, value: Any, what: str) -> str:
@@ -231,7 +238,29 @@ def _continuous_size(cls: type) -> Any:
     return size
 
 
+#: The backends a continuous class may pin, and how torch's harness checks each.
+_BACKEND_CHECKS: Final = {"nccl": "is_nccl_available", "gloo": "is_gloo_available",
+                          "mpi": "is_mpi_available", "xccl": "is_xccl_available"}
+
+
+def _missing_backend(cls: type) -> str | None:
+    """The backend a continuous class pins (``backend_str``) that this host lacks."""
+    import torch.distributed as dist
+
+    get = getattr(cls, "backend_str", None)
+    backend = get() if callable(get) else get
+    check = getattr(dist, _BACKEND_CHECKS.get(str(backend), ""), None)
+    return str(backend) if callable(check) and not check() else None
+
+
+def _native(item: Any, why: str) -> Placement:
+    return Placement("native", (), note=f"{item.nodeid}: runs as without cpmatrix: {why}")
+
+
 def _torch(item: Any, dialect: str) -> Placement:
+    """A torch-harness test's world; a shape cpmatrix cannot run faithfully (a world
+    size it cannot read or hold, a backend the host lacks) runs natively: torch's
+    harness then skips or fails it as it always would."""
     cls = item.cls
     try:
         if dialect == "torch":
@@ -241,10 +270,16 @@ def _torch(item: Any, dialect: str) -> Placement:
         else:
             size = _continuous_size(cls)
             test_id = f"{cls.__module__}.{cls.__qualname__}.{item.name}"
+            backend = _missing_backend(cls)
+            if backend is not None:
+                return _native(item, f"its class pins backend {backend!r}, not available "
+                               "here")
     except Exception as exc:
-        raise DialectError(f"{item.nodeid}: cannot read the test's world_size: "
-                           f"{type(exc).__name__}: {exc}") from None
-    mesh = _size_mesh(item.nodeid, size, "world_size")
+        return _native(item, f"cannot read its world_size ({type(exc).__name__}: {exc})")
+    try:
+        mesh = _size_mesh(item.nodeid, size, "world_size")
+    except DialectError as exc:
+        return _native(item, str(exc).removeprefix(f"{item.nodeid}: "))
     return Placement(dialect, (mesh,), timeout_s=_torch_timeout(item, test_id))
 
 
@@ -275,8 +310,8 @@ def placement(item: Any) -> Placement | None:
         sizes = inspect.getattr_static(cls, "world_size", None)
         if isinstance(sizes, int | list | tuple) and not isinstance(sizes, bool):
             found = _deepspeed(item, sizes)
-    if found is None:
-        return None
+    if found is None or found.dialect == "native":
+        return found
     timeout = timeout_of(item)
     return Placement(found.dialect, found.meshes,
                      timeout_s=timeout if timeout is not None else found.timeout_s,

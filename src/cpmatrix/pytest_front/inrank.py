@@ -110,6 +110,23 @@ def _as_rank(fn: Callable[..., Any], ready: Callable[[], None]) -> Callable[...,
     return run
 
 
+def _share_file_name(inst: Any) -> None:
+    """Natively ``setUp`` makes ``file_name`` once, in the parent, and every spawned rank
+    gets it (``FileStore(self.file_name)`` rendezvous there): here each rank's ``setUp``
+    made its own, so the cell's rank 0's is every rank's (the others' removed)."""
+    import torch.distributed as dist
+
+    mine = getattr(inst, "file_name", None)
+    if not isinstance(mine, str):
+        return
+    names: list[Any] = [mine]
+    dist.broadcast_object_list(names, src=0)
+    if names[0] != mine:
+        with contextlib.suppress(OSError):
+            os.remove(mine)
+        inst.file_name = names[0]
+
+
 class _Torch(Dialect):
     name = "torch"
 
@@ -127,6 +144,7 @@ class _Torch(Dialect):
                 raise RuntimeError(f"cpmatrix: the test's world_size is {inst.world_size} "
                                    f"but its cell has {size} ranks")
             inst.rank = rank
+            _share_file_name(inst)
             os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"
             _seed()  # as MultiProcessTestCase.run_test does in each worker
             became.append(True)

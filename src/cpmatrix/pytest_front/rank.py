@@ -253,12 +253,15 @@ class _RankPlugin:
         self.record: dict[str, Any] | None = None
         self.out: Path | None = None
         self.config: Any = None
+        #: The first failed subtest report of each phase of the test running now.
+        self._subfailed: dict[str, Any] = {}
 
     def begin(self, nodeid: str, rank: int, size: int, out: Path, config: Any) -> None:
         self.config = config
         self.out = out
         self.record = {"nodeid": nodeid, "rank": rank, "size": size, "phases": [],
                        "reports": [], "warnings": []}
+        self._subfailed = {}
         self._write()
 
     def end(self) -> list[dict[str, Any]]:
@@ -282,11 +285,20 @@ class _RankPlugin:
                                                               report=report)
         reports = self.record["reports"]
         if type(report).__name__ != "TestReport":
-            # A subtest's report: replayed by the controller, never a phase of its own.
+            # A subtest's report: replayed by the controller, never a phase of its own;
+            # a failed one fails its phase (a spawned torch worker runs the method
+            # bare: a failing ``subTest`` fails the test there).
+            if report.failed:
+                self._subfailed.setdefault(report.when, report)
             reports.append(_jsonable(data))
             self._write()
             return
-        self.record["phases"].append(_classify(report, len(reports)))
+        phase = _classify(report, len(reports))
+        sub = self._subfailed.get(report.when)
+        if sub is not None and phase["kind"] == "passed":
+            phase.update(kind="failed", summary=f"a subtest failed: {_crash_line(sub)}",
+                         text=sub.longreprtext or "")
+        self.record["phases"].append(phase)
         reports.append(_jsonable(data))
         self._write()
 

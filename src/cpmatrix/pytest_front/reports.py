@@ -41,6 +41,25 @@ def _made(item: Any, phase: PhaseVerdict) -> pytest.TestReport:
         when=phase.when, sections=[], duration=phase.duration)  # type: ignore[arg-type]
 
 
+def _name_the_rank(report: Any, phase: PhaseVerdict) -> None:
+    """A failure's message names its rank and its note goes with its traceback, so
+    ``--junitxml`` (whose default ``junit_logging = no`` drops report sections) says
+    which ranks failed; other notes are a section of their own."""
+    longrepr = report.longrepr
+    crash = getattr(longrepr, "reprcrash", None)
+    if report.failed and phase.rank is not None:
+        if crash is not None:
+            crash.message = f"[rank {phase.rank}] {crash.message}"
+        elif isinstance(longrepr, str):
+            report.longrepr = longrepr = f"[rank {phase.rank}] {longrepr}"
+    if not phase.message:
+        return
+    if report.failed and hasattr(longrepr, "addsection"):
+        longrepr.addsection("cpmatrix", phase.message)
+    else:
+        report.sections.append(("cpmatrix", phase.message))
+
+
 def _phase_data(records: Mapping[int, Mapping[str, Any]], rank: int,
                 when: str) -> dict[str, Any] | None:
     record = records.get(rank)
@@ -117,8 +136,7 @@ def reports_for(item: Any, verdict: Verdict, records: Mapping[int, Mapping[str, 
                 report.longrepr = tuple(report.longrepr)
             report.duration = phase.duration
             report.sections = []
-            if phase.message:
-                report.sections.append(("cpmatrix", phase.message))
+            _name_the_rank(report, phase)
         else:
             report = _made(item, phase)
             if stacks and phase.outcome == "failed":
@@ -148,7 +166,11 @@ def subreports_for(verdict: Verdict, records: Mapping[int, Mapping[str, Any]],
     out = []
     for data in records[call.rank].get("reports", ()):
         if data.get("_report_type") == "SubTestReport":
-            out.append(config.hook.pytest_report_from_serializable(config=config, data=data))
+            sub = config.hook.pytest_report_from_serializable(config=config, data=data)
+            crash = getattr(sub.longrepr, "reprcrash", None)
+            if sub.failed and crash is not None:
+                crash.message = f"[rank {call.rank}] {crash.message}"
+            out.append(sub)
     return out
 
 
