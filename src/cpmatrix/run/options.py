@@ -159,8 +159,9 @@ class RunOptions:
         "run them all)", metavar="N",
         type=int))
     failed_first: bool = field(default=False, metadata=_flag(
-        "--failed-first", "run the cells that failed in --out's last recorded run first "
-        "(then the rest, in matrix order), as pytest's --ff", action="store_true"))
+        "--failed-first", "run first the cells that did not pass when they last ran in "
+        "--out (what repro --failed reruns), then the rest in matrix order, as pytest's "
+        "--ff", action="store_true"))
 
     shard: str | None = field(default=None, metadata=_flag(
         "--shard", "run only the K-th of N time-balanced shards of the selection (CI job "

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import random
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
 from cpmatrix.errors import UsageError
-from cpmatrix.report.history import CellHistory
 
 __all__ = ["ORDERS", "Order", "arrange", "failed_first", "parse_order"]
 
@@ -85,24 +84,18 @@ def parse_order(text: str) -> Order:
     return Order(kind, int(seed))
 
 
-def failed_first(cells: Sequence[C], histories: Mapping[str, CellHistory]
-                 ) -> tuple[list[C], int]:
-    """``--failed-first``: the cells whose last recorded run did not pass, then the rest,
-    each group in the order given; and how many came first.
+def failed_first(cells: Sequence[C], failed: Collection[str]) -> tuple[list[C], int]:
+    """``--failed-first``: the cells in ``failed`` (those that did not pass when they last
+    ran: ``last-failed.json``, what ``repro --failed`` reruns), then the rest, each group
+    in the order given; and how many came first.
 
-    >>> from cpmatrix.report.history import RunRecord
     >>> class C(str):
     ...     id = property(str.__str__)
-    >>> h = {"b": CellHistory(runs=(RunRecord(1.0, "failed", 1.0),))}
-    >>> failed_first([C("a"), C("b"), C("c")], h)
+    >>> failed_first([C("a"), C("b"), C("c")], {"b"})
     (['b', 'a', 'c'], 1)
     """
-    def failed(cell: C) -> bool:
-        history = histories.get(cell.id)
-        return bool(history and history.runs and not history.runs[-1].passed)
-
-    first = [c for c in cells if failed(c)]
-    return first + [c for c in cells if not failed(c)], len(first)
+    first = [c for c in cells if c.id in failed]
+    return first + [c for c in cells if c.id not in failed], len(first)
 
 
 def arrange(items: Sequence[T], order: Order) -> list[T]:

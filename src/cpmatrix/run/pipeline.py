@@ -27,7 +27,7 @@ from typing import Protocol
 
 from cpmatrix.errors import ExitCode
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
-from cpmatrix.report.history import load_run_history
+from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
@@ -165,9 +165,18 @@ def _narrow(options: RunOptions, chosen: Chosen, recorded: Recorded, claim: OutC
         cells = arrange(cells, order)
         hooks.say(f"order: {order} (--order {order} runs this order again)")
     if options.failed_first:
-        cells, failed = failed_first(cells, load_run_history(recorded.out))
+        cells, failed = failed_first(cells, _last_failed(recorded.out))
         hooks.say(f"failed first: {failed} cells that failed in the last recorded run")
     return _Narrowed(cells=cells, selection=selection, keys=keys, order=order)
+
+
+def _last_failed(out: Path) -> set[str]:
+    """The cells that did not pass when they last ran in ``out`` (none when no run wrote
+    the record, or it is unreadable: an order hint never fails a run)."""
+    try:
+        return {e.cell_id for e in read_last_failed(out) or ()}
+    except ValueError:
+        return set()
 
 
 def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Scheduler,
@@ -210,7 +219,6 @@ def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Schedul
 def _finish(out: Path, prepared: PreparedRun, report: RunReport, hooks: Hooks) -> None:
     """report.html; the cache's line and its layers' uploads and record; the summary."""
     from cpmatrix.report.html import write_report_html
-    from cpmatrix.report.last_failed import update_last_failed
 
     write_report_html(out, warn=hooks.warn)
     update_last_failed(out, report.results.values(), at=time.time())  # repro --failed's
