@@ -3,7 +3,8 @@
 Read local, then remote; write both (docs/cache.md, "Remote cache"):
 
 - **lookup**: a cell the local folder has no usable entry for is asked of the remote
-  (``/ac/<pre-key>``, concurrently). A remote entry is the local entry's JSON, stored as
+  (``/ac/<pre-key>``, concurrently; all of them within one deadline, past which the
+  remote goes off and the rest are misses). A remote entry is the local entry's JSON, stored as
   the action's one output (:data:`ENTRY_PATH`); its blob is verified against its digest
   by :class:`~cpmatrix.run.remote_cache.RemoteCache`, then the entry is checked *exactly
   as a local one* (:meth:`~cpmatrix.run.cache.ResultCache.check`: format, key, cell, a
@@ -14,12 +15,13 @@ Read local, then remote; write both (docs/cache.md, "Remote cache"):
   (the one rule, :func:`~cpmatrix.run.cache.storable`: a first-attempt pass of an
   unmutated cell), written locally, then uploaded in the background unless read-only.
   The remote gets exactly the bytes the local folder would hold, never anything else.
-- **finish**: waits for the uploads and says what the remote did (printed, and
-  recorded in ``run.json`` under ``"cache"``).
+- **finish**: waits for the uploads (at most one deadline, then they are cut) and says
+  what the remote did (printed, and recorded in ``run.json`` under ``"cache"``).
 - **logs**: an entry carries what each rank of the pass printed (``logs``: rank -> text,
   the cell's ``rank<r>/output.log``, at most 64 KiB each); after the run (``finish``) a
   hit's, local or remote, are put back in the cell's folder under a first line naming
-  the stored run (not at lookup: the run clears the cell folders when it starts). Evidence
+  the stored run (not at lookup: the lookup runs before the last run's cell folders
+  move to ``previous/``). Evidence
   only: :meth:`~cpmatrix.run.cache.ResultCache.check` never reads them, and a remote
   entry's bytes, logs included, are verified against its digest before use.
 
@@ -129,7 +131,11 @@ class CacheLayers:
         if remote is None or not missing:
             return hits
         with ThreadPoolExecutor(max_workers=min(_LOOKUPS, len(missing))) as pool:
-            found = list(pool.map(lambda c: remote.get_action(self.keys[c.id]), missing))
+            asked = [pool.submit(remote.get_action, self.keys[c.id]) for c in missing]
+            # All the lookups get one deadline: past it the remote goes off, which ends
+            # those in flight and answers the rest at once (misses).
+            remote.wait(asked, "the lookups")
+        found = [f.result() for f in asked]
         for c, outputs in zip(missing, found, strict=True):
             if outputs is not None:
                 hit = self._adopt(remote, c, outputs)
@@ -223,6 +229,8 @@ class CacheLayers:
         self._finished = True
         t0 = time.monotonic()
         if self._uploads is not None:
+            # One deadline for what is left of the uploads; past it they are cut.
+            self.remote.wait(self._pending, "the uploads")
             self._uploads.shutdown(wait=True)
         self.remote.close()
         stats = self.remote.stats

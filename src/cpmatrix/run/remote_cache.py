@@ -12,12 +12,19 @@ meets an entry whose blobs are not there yet. On a hit every blob is checked aga
 its digest (hash and size) before use: a mismatch, a missing blob or an entry that does
 not parse is a *miss*, counted and reported, never a result.
 
-**It never fails a run.** Each request has a bounded timeout; the first transport
-error, 5xx or unexpected status warns once (naming the URL without credentials) and
-switches the remote off for the rest of the run; the run goes on with the local cache.
-A 404 is an ordinary miss. Two writers of one key write the same bytes (the key is a
-content digest of everything the result depends on), and servers replace a key
-atomically, so concurrent writers are harmless.
+**It never fails a run, nor holds it up.** Each request has a *total* deadline
+(``timeout_s``, 10 s: connecting, sending and the whole answer, however slowly it
+trickles in; a watchdog shuts the socket at the deadline) and a size cap on the answer
+(``max_bytes``: a ``Content-Length`` over it is refused before any body is read). The
+first request that misses its deadline, a transport error, an answer that is not HTTP,
+an answer over the cap, a redirect (never followed), a 5xx, 401/403 or any other
+unexpected status warns once (naming the URL without credentials) and switches the
+remote off for the rest of the run: every request then in flight is cut at once, and
+every later call returns at once. :meth:`RemoteCache.wait` bounds a whole phase (all
+the lookups; the wait for the uploads after the run) by one deadline the same way. A 404 is an
+ordinary miss. Two writers of one key write the same bytes (the key is a content digest
+of everything the result depends on), and servers replace a key atomically, so
+concurrent writers are harmless.
 
 **Credentials** never come from the command line or land in a report: a URL holding
 ``user:password@`` is refused (it would be printed and logged). They come from the
@@ -45,11 +52,15 @@ import hashlib
 import http.client
 import netrc
 import os
+import socket
 import ssl
 import sys
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from cpmatrix.errors import UsageError
@@ -73,12 +84,15 @@ class RemoteSettings:
     prefix: str = ""
     #: Read hits, never write (untrusted clients: pull-request builds).
     read_only: bool = False
-    #: Seconds for connecting and for each read of a request.
+    #: Seconds one request may take in all: connecting, sending, the whole answer.
     timeout_s: float = 10.0
+    #: The largest answer read (an entry is a small JSON document and its logs).
+    max_bytes: int = 64 * 2**20
 
     @classmethod
     def parse(cls, url: str, *, read_only: bool = False, timeout_s: float = 10.0,
-              option: str = "--remote-cache") -> RemoteSettings:
+              max_bytes: int = 64 * 2**20, option: str = "--remote-cache",
+              ) -> RemoteSettings:
         """Check ``url`` (``http(s)://host[:port][/prefix]``); UsageError (exit 2) if bad."""
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https"):
@@ -97,8 +111,11 @@ class RemoteSettings:
             raise UsageError(f"{option}: {url!r} has an invalid port") from None
         if not timeout_s > 0:
             raise UsageError(f"{option}: the timeout must be > 0 seconds, got {timeout_s}")
+        if max_bytes < 1:
+            raise UsageError(f"{option}: the size cap must be >= 1 byte, got {max_bytes}")
         return cls(scheme=parts.scheme, host=parts.hostname, port=port,
-                   prefix=parts.path.rstrip("/"), read_only=read_only, timeout_s=timeout_s)
+                   prefix=parts.path.rstrip("/"), read_only=read_only, timeout_s=timeout_s,
+                   max_bytes=max_bytes)
 
     @property
     def display(self) -> str:
@@ -199,44 +216,94 @@ class RemoteCache:
                 self._open.append(conn)
         return conn
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        """One request (reconnecting once on a dropped keep-alive connection)."""
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 ) -> tuple[int, bytes, str]:
+        """One request (reconnecting once on a dropped keep-alive connection): its status,
+        its body and its ``Location`` header; :class:`_Unavailable` past the deadline."""
         headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
         if self._auth:
             headers["Authorization"] = self._auth
+        deadline = time.monotonic() + self.settings.timeout_s
         for attempt in (1, 2):
+            if not self.enabled:  # went off in another thread meanwhile
+                raise _Unavailable(self._late())
             conn = self._connection()
+            watchdog = _Watchdog(conn, deadline)
             try:
                 conn.request(method, self.settings.prefix + path, body=body, headers=headers)
                 response = conn.getresponse()
-                data = response.read()
-                return response.status, data
+                data = self._body(response)
+                if watchdog.cancel():
+                    raise _Unavailable(self._late())
+                return response.status, data, response.getheader("Location") or ""
             except (http.client.RemoteDisconnected, BrokenPipeError,
                     ConnectionResetError) as exc:
-                conn.close()
-                self._local.conn = None
+                self._drop(conn)
+                if watchdog.cancel():
+                    raise _Unavailable(self._late()) from None
                 if attempt == 2:
                     raise _Unavailable(f"{type(exc).__name__}: {exc}") from None
             except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                self._local.conn = None
+                self._drop(conn)
+                if watchdog.cancel():
+                    raise _Unavailable(self._late()) from None
                 raise _Unavailable(f"{type(exc).__name__}: {exc}") from None
+            except _Unavailable:
+                self._drop(conn)
+                watchdog.cancel()
+                raise
         raise AssertionError("unreachable")
+
+    def _late(self) -> str:
+        if not self.enabled:  # cut because the remote went off meanwhile
+            return f"cut: the remote went off ({self.stats.disabled})"
+        return f"no complete answer within the deadline ({self.settings.timeout_s:g} s)"
+
+    def _body(self, response: http.client.HTTPResponse) -> bytes:
+        """The answer's body, refused past ``max_bytes`` (announced or read)."""
+        cap = self.settings.max_bytes
+        length = response.getheader("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > cap:
+            raise _Unavailable(f"an answer of {int(length)} bytes, over the cap of {cap}")
+        chunks, size = [], 0
+        while chunk := response.read(min(1 << 16, cap + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                raise _Unavailable(f"an answer of more than {cap} bytes (the cap)")
+        return b"".join(chunks)
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
 
     def _off(self, why: str) -> None:
         with self._lock:
             if self.stats.disabled:
                 return
             self.stats.disabled = why
+            conns = list(self._open)
+        for conn in conns:  # requests in flight in other threads end now, not at their
+            _shut(conn)     # deadline: the run waits for none of them
         self._warn(f"remote cache {self.settings.display}: {why}; going on with the local "
                    "cache only for the rest of this run")
+
+    def wait(self, futures: Sequence[Future[Any]], what: str,
+             timeout: float | None = None) -> None:
+        """Wait for ``futures`` (requests in threads) at most ``timeout`` seconds (default:
+        one request's deadline); past it the remote goes off, which ends them at once."""
+        limit = self.settings.timeout_s if timeout is None else timeout
+        if futures:
+            _, pending = wait(futures, timeout=limit)
+            if pending:
+                self._off(f"{what} not finished within the deadline ({limit:g} s)")
 
     def _call(self, method: str, path: str, body: bytes | None = None) -> bytes | None:
         """The body of a 2xx answer; None for 404 (and after the remote went off)."""
         if not self.enabled:
             return None
         try:
-            status, data = self._request(method, path, body)
+            status, data, location = self._request(method, path, body)
         except _Unavailable as exc:
             self._off(str(exc))
             return None
@@ -244,9 +311,13 @@ class RemoteCache:
             return data
         if status == 404:
             return None
-        why = {401: "401 Unauthorized (credentials: docs/cache.md)",
-               403: "403 Forbidden (is this client allowed to write? use "
-                    "--remote-cache-read-only)"}.get(status, f"HTTP {status} on {method}")
+        if 300 <= status < 400:
+            where = f" to {location[:200]}" if location else ""
+            why = f"HTTP {status} on {method}: a redirect{where}, not followed"
+        else:
+            why = {401: "401 Unauthorized (credentials: docs/cache.md)",
+                   403: "403 Forbidden (is this client allowed to write? use "
+                        "--remote-cache-read-only)"}.get(status, f"HTTP {status} on {method}")
         self._off(why)
         return None
 
@@ -338,6 +409,37 @@ class RemoteCache:
             self.stats.misses += 1
             self.stats.notes.append(f"{key[:16]}: {why}")
         return None
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    """End whatever ``conn`` is waiting for, from any thread: a blocked read returns."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Watchdog:
+    """Shuts ``conn`` at ``deadline`` (monotonic) unless cancelled first: a request's
+    total deadline, whatever the server sends or withholds."""
+
+    def __init__(self, conn: http.client.HTTPConnection, deadline: float) -> None:
+        self.fired = False
+        self._conn = conn
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        _shut(self._conn)
+
+    def cancel(self) -> bool:
+        """Stop the watch; whether the deadline had already cut the request."""
+        self._timer.cancel()
+        return self.fired
 
 
 def _is_sha256(text: str) -> bool:
