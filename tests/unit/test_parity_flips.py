@@ -180,3 +180,49 @@ def test_a_tiny_tensor_of_a_probed_check_adds_one_typical_draw_not_four() -> Non
     assert twin_verdict(twin * 0.9, serial, twin, RULE, pooled=pooled)[4] == pytest.approx(
         RULE.budget(serial_err=pooled * 2.0, scale=2.0)
     )
+
+
+def test_the_probes_run_the_twin_again_and_keep_its_grads() -> None:
+    from cpmatrix.parity._twin import make_twin, outputs_of, run_probes, upcast_inputs
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    twin = make_twin(net)
+    x = torch.randn(6, 4)
+    ins, leaves = upcast_inputs({"input": x}, ["input"])
+    out = outputs_of(twin.module(**ins))
+    grads = {"out": torch.randn(6, 2)}
+    out["out"].backward(grads["out"].double())
+    kept = {n: p.grad.clone() for n, p in twin.module.named_parameters()}
+    twin.outputs = {"out": out["out"].detach()}
+    twin.input_grads = {"input": leaves["input"].grad}
+    twin.param_grads = {n: p.grad for n, p in twin.module.named_parameters()}
+    run_probes(twin, ins, ["input"], grads, 2.0**-7)
+    assert twin.probed and not twin.probe_why
+    for values in (twin.outputs, twin.input_grads, twin.param_grads):
+        for v in values.values():
+            assert isinstance(v, Probed) and len(v.probes) == 4
+            assert all(p.shape == v.value.shape for p in v.probes)
+    for n, p in twin.module.named_parameters():  # the twin's own grads are untouched
+        assert torch.equal(p.grad, kept[n]) and torch.equal(twin.param_grads[n].value, kept[n])
+    # a smooth output (before any ReLU is only piecewise): the probes move it both ways
+    first = twin.param_grads["2.bias"]
+    assert not unstable_mask(first.value, first.probes, 1e-9).any()
+
+
+def test_a_probe_that_cannot_run_leaves_the_values_unprobed() -> None:
+    from cpmatrix.parity._twin import Twin, run_probes
+
+    calls = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("no float64 kernel")
+        return x * 2
+
+    twin = Twin(module=fn)
+    twin.outputs = {"out": torch.ones(2, dtype=D)}
+    run_probes(twin, {"x": torch.ones(2, dtype=D)}, [], {}, 2.0**-7)
+    assert not twin.probed and "RuntimeError: no float64 kernel" in twin.probe_why
+    assert not isinstance(twin.outputs["out"], Probed)

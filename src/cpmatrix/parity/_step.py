@@ -179,7 +179,7 @@ def twin_line(tol: Tolerance, twin: Twin) -> str:
     if tol.twin is None:
         return "none: a fixed tolerance (fp64 cell, or one given) judges every tensor"
     if twin.ok:
-        probes = (", and twice more with its inputs and every module's outputs moved by "
+        probes = (", and four times more with its inputs and every module's outputs moved by "
                   "+/- a rounding-sized step (the probes: what flips is judged apart)"
                   if twin.probed else f"; {twin.probe_why}" if twin.probe_why else "")
         return "ran: the serial side again in float64 on the same weights and inputs" + probes
