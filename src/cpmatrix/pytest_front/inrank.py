@@ -11,6 +11,8 @@ A cell's ranks already hold a default process group of exactly the cell's ranks
   world). Both are put back when the test ends;
 - the groups the test made (meshes, ``new_group``) are destroyed after it, with
   DTensor's caches that could still name them: natively each such test ends its process;
+- what they wrote to the default group's store is in the test's own namespace (a
+  ``PrefixStore`` per test): natively each test's processes have a fresh store;
 - the working folder is the folder pytest was started in.
 
 Per dialect, the test is run the way the harness's own worker would run it:
@@ -289,6 +291,34 @@ def _group_shims(module: Any) -> Iterator[Callable[[Any], None]]:
             setattr(owner, name, real)
 
 
+#: How many times this rank began each cell (a cell rerun in the same world counts again;
+#: every rank of a cell begins it alike, so the count agrees across them).
+_BEGUN: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def _store_namespace(cell: CellContext) -> Iterator[None]:
+    """The test's own namespace of the default group's store: what the groups it makes
+    write there (a ``new_group(..., use_local_synchronization=True)`` is named by its
+    ranks, the same name in every test: its peers' addresses) is never read by a later
+    test, as natively each test's processes have a fresh store."""
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    if not dist.is_initialized():
+        yield
+        return
+    pg = c10d._get_default_group()
+    backend, store = c10d._world.pg_map[pg]
+    n = _BEGUN[cell.id] = _BEGUN.get(cell.id, 0) + 1
+    c10d._world.pg_map[pg] = (backend, c10d.PrefixStore(f"cpmatrix/{cell.id}/{n}", store))
+    try:
+        yield
+    finally:
+        if pg in c10d._world.pg_map:
+            c10d._world.pg_map[pg] = (backend, store)
+
+
 @contextlib.contextmanager
 def in_test(item: Any, cell: CellContext, dialect: Dialect, *, workdir: str) -> Iterator[None]:
     """Around one test in a rank: the folder, the group shims, the dialect's setup, and
@@ -297,7 +327,8 @@ def in_test(item: Any, cell: CellContext, dialect: Dialect, *, workdir: str) -> 
     before = _groups()
     os.chdir(workdir)
     try:
-        with _group_shims(getattr(item, "module", None)) as real_destroy, \
+        with _store_namespace(cell), \
+                _group_shims(getattr(item, "module", None)) as real_destroy, \
                 dialect.around(item, cell):
             try:
                 yield
