@@ -200,11 +200,78 @@ class _TorchContinuous(Dialect):
                     setattr(cls, k, v)
 
 
-_DIALECTS: dict[str, Dialect] = {d.name: d for d in (Dialect(), _Torch(), _TorchContinuous())}
+def _accelerator_count() -> int:
+    """Devices of the host's accelerator as DeepSpeed counts them (its ``get_accelerator``
+    where DeepSpeed is installed, else torch's); 0 without one."""
+    try:
+        from deepspeed.accelerator import get_accelerator  # type: ignore[import-not-found]
+
+        acc = get_accelerator()
+        return int(acc.device_count()) if acc.is_available() and \
+            acc.device_name() != "cpu" else 0
+    except ImportError:
+        import torch
+
+        return int(torch.accelerator.device_count()) if torch.accelerator.is_available() \
+            else 0
+
+
+class _DeepSpeed(Dialect):
+    """What DeepSpeed's ``DistributedExec._launch_procs``/``_dist_run`` do in each
+    launched process before the method, read from the test's class: the device-count
+    skip, ``LOCAL_SIZE`` (with ``set_dist_env``), ``deepspeed.init_distributed`` on the
+    cell's group (where DeepSpeed is installed) and a barrier (with
+    ``init_distributed``; a class without it runs natively: see the dialects)."""
+
+    name = "deepspeed"
+
+    @contextlib.contextmanager
+    def around(self, item: Any, cell: CellContext) -> Iterator[None]:
+        import torch.distributed as dist
+
+        cls = item.cls
+        rank, size = dist.get_rank(), dist.get_world_size()
+        fn = item.obj
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            import pytest
+
+            count = _accelerator_count()
+            if count and count < size:
+                pytest.skip("Skipping test because not enough GPUs are available: "
+                            f"{size} required, {count} available")
+            if getattr(cls, "init_distributed", True):
+                try:
+                    import deepspeed  # type: ignore[import-not-found]
+                except ImportError:
+                    deepspeed = None
+                if deepspeed is not None:
+                    deepspeed.init_distributed(dist_backend=dist.get_backend(),
+                                               rank=rank, world_size=size)
+                dist.barrier()
+            return fn(*args, **kwargs)
+
+        item.obj = run
+        extra = {"LOCAL_SIZE": str(size)} if getattr(cls, "set_dist_env", True) else {}
+        saved = {k: os.environ.get(k) for k in extra}
+        os.environ.update(extra)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+_DIALECTS: dict[str, Dialect] = {d.name: d for d in (Dialect(), _Torch(), _TorchContinuous(),
+                                                     _DeepSpeed())}
 
 
 def dialect_of(name: str) -> Dialect:
-    """The in-rank behaviour of a dialect (``deepspeed`` needs none per test)."""
+    """The in-rank behaviour of a dialect."""
     return _DIALECTS.get(name, _DIALECTS["marker"])
 
 
