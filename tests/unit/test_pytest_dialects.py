@@ -292,3 +292,10 @@ def test_bad_deepspeed_world_sizes(sizes: Any, fragment: str) -> None:
 def test_a_world_size_property_of_a_plain_class_is_not_the_deepspeed_dialect() -> None:
     cls = type("TestP", (), {"world_size": property(lambda self: 2)})
     assert placement(Item(cls=cls)) is None
+
+
+def test_a_deepspeed_class_without_init_distributed_runs_natively() -> None:
+    cls = type("TestNoInit", (), {"world_size": 2, "init_distributed": False})
+    found = placement(Item(cls=cls))
+    assert found is not None and found.dialect == "native"
+    assert "init_distributed = False" in found.note

@@ -107,3 +107,21 @@ def test_shapes_cpmatrix_cannot_run_keep_their_native_outcome(tmp_path: Path) ->
             "cpmatrix: its class pins backend 'nccl'") in front.output
     assert "shapes/test_native_shapes.py::SizedByGpus: runs as without cpmatrix: " \
         "world_size 0" in front.output
+
+
+def test_a_tests_store_keys_are_not_read_by_the_next(tmp_path: Path) -> None:
+    native, front = _both(tmp_path, "shapes/test_store_keys.py")
+    _same(native, front, 3)
+    assert set(front.outcomes.values()) == {"passed"}
+    assert "Connection refused" not in front.output
+
+
+def test_deepspeed_classes_get_what_its_launcher_gives(tmp_path: Path) -> None:
+    # LOCAL_SIZE, the group and a barrier before the method; a class with
+    # init_distributed = False has no group (it runs natively, with a note).
+    native, front = _both(tmp_path, "dialects/deepspeed")
+    _same(native, front, 5)
+    assert front.outcomes["dialects.deepspeed.test_deepspeed_dialect.TestLauncherEnvironment"
+                          "::test_local_size_and_the_group"] == "passed"
+    assert "TestWithoutInit: runs as without cpmatrix: its class sets init_distributed = " \
+        "False" in front.output

@@ -284,6 +284,10 @@ def _torch(item: Any, dialect: str) -> Placement:
 
 
 def _deepspeed(item: Any, sizes: Any) -> Placement:
+    if inspect.getattr_static(item.cls, "init_distributed", True) is False:
+        # Its processes start without a process group; a cell's ranks have one.
+        return _native(item, "its class sets init_distributed = False (its launched "
+                       "processes have no process group; a world's ranks do)")
     values = list(sizes) if isinstance(sizes, list | tuple) else [sizes]
     if not values:
         raise DialectError(f"{item.nodeid}: world_size = []: at least one world size")

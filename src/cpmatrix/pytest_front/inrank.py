@@ -11,6 +11,8 @@ A cell's ranks already hold a default process group of exactly the cell's ranks
   world). Both are put back when the test ends;
 - the groups the test made (meshes, ``new_group``) are destroyed after it, with
   DTensor's caches that could still name them: natively each such test ends its process;
+- what they wrote to the default group's store is in the test's own namespace (a
+  ``PrefixStore`` per test): natively each test's processes have a fresh store;
 - the working folder is the folder pytest was started in.
 
 Per dialect, the test is run the way the harness's own worker would run it:
@@ -198,11 +200,78 @@ class _TorchContinuous(Dialect):
                     setattr(cls, k, v)
 
 
-_DIALECTS: dict[str, Dialect] = {d.name: d for d in (Dialect(), _Torch(), _TorchContinuous())}
+def _accelerator_count() -> int:
+    """Devices of the host's accelerator as DeepSpeed counts them (its ``get_accelerator``
+    where DeepSpeed is installed, else torch's); 0 without one."""
+    try:
+        from deepspeed.accelerator import get_accelerator  # type: ignore[import-not-found]
+
+        acc = get_accelerator()
+        return int(acc.device_count()) if acc.is_available() and \
+            acc.device_name() != "cpu" else 0
+    except ImportError:
+        import torch
+
+        return int(torch.accelerator.device_count()) if torch.accelerator.is_available() \
+            else 0
+
+
+class _DeepSpeed(Dialect):
+    """What DeepSpeed's ``DistributedExec._launch_procs``/``_dist_run`` do in each
+    launched process before the method, read from the test's class: the device-count
+    skip, ``LOCAL_SIZE`` (with ``set_dist_env``), ``deepspeed.init_distributed`` on the
+    cell's group (where DeepSpeed is installed) and a barrier (with
+    ``init_distributed``; a class without it runs natively: see the dialects)."""
+
+    name = "deepspeed"
+
+    @contextlib.contextmanager
+    def around(self, item: Any, cell: CellContext) -> Iterator[None]:
+        import torch.distributed as dist
+
+        cls = item.cls
+        rank, size = dist.get_rank(), dist.get_world_size()
+        fn = item.obj
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            import pytest
+
+            count = _accelerator_count()
+            if count and count < size:
+                pytest.skip("Skipping test because not enough GPUs are available: "
+                            f"{size} required, {count} available")
+            if getattr(cls, "init_distributed", True):
+                try:
+                    import deepspeed  # type: ignore[import-not-found]
+                except ImportError:
+                    deepspeed = None
+                if deepspeed is not None:
+                    deepspeed.init_distributed(dist_backend=dist.get_backend(),
+                                               rank=rank, world_size=size)
+                dist.barrier()
+            return fn(*args, **kwargs)
+
+        item.obj = run
+        extra = {"LOCAL_SIZE": str(size)} if getattr(cls, "set_dist_env", True) else {}
+        saved = {k: os.environ.get(k) for k in extra}
+        os.environ.update(extra)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+_DIALECTS: dict[str, Dialect] = {d.name: d for d in (Dialect(), _Torch(), _TorchContinuous(),
+                                                     _DeepSpeed())}
 
 
 def dialect_of(name: str) -> Dialect:
-    """The in-rank behaviour of a dialect (``deepspeed`` needs none per test)."""
+    """The in-rank behaviour of a dialect."""
     return _DIALECTS.get(name, _DIALECTS["marker"])
 
 
@@ -289,6 +358,34 @@ def _group_shims(module: Any) -> Iterator[Callable[[Any], None]]:
             setattr(owner, name, real)
 
 
+#: How many times this rank began each cell (a cell rerun in the same world counts again;
+#: every rank of a cell begins it alike, so the count agrees across them).
+_BEGUN: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def _store_namespace(cell: CellContext) -> Iterator[None]:
+    """The test's own namespace of the default group's store: what the groups it makes
+    write there (a ``new_group(..., use_local_synchronization=True)`` is named by its
+    ranks, the same name in every test: its peers' addresses) is never read by a later
+    test, as natively each test's processes have a fresh store."""
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    if not dist.is_initialized():
+        yield
+        return
+    pg = c10d._get_default_group()
+    backend, store = c10d._world.pg_map[pg]
+    n = _BEGUN[cell.id] = _BEGUN.get(cell.id, 0) + 1
+    c10d._world.pg_map[pg] = (backend, c10d.PrefixStore(f"cpmatrix/{cell.id}/{n}", store))
+    try:
+        yield
+    finally:
+        if pg in c10d._world.pg_map:
+            c10d._world.pg_map[pg] = (backend, store)
+
+
 @contextlib.contextmanager
 def in_test(item: Any, cell: CellContext, dialect: Dialect, *, workdir: str) -> Iterator[None]:
     """Around one test in a rank: the folder, the group shims, the dialect's setup, and
@@ -297,7 +394,8 @@ def in_test(item: Any, cell: CellContext, dialect: Dialect, *, workdir: str) -> 
     before = _groups()
     os.chdir(workdir)
     try:
-        with _group_shims(getattr(item, "module", None)) as real_destroy, \
+        with _store_namespace(cell), \
+                _group_shims(getattr(item, "module", None)) as real_destroy, \
                 dialect.around(item, cell):
             try:
                 yield

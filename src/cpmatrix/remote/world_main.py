@@ -167,11 +167,21 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    # What each cell reads completes the cache key (the run's own folder is the cells':
+    # their working folders, HOME and TMPDIR are under it); the processes a cell starts
+    # log theirs under the world's folder (cpmatrix.remote.follow).
+    observer = ReadObserver(skip=(world.out_root, world.dir),
+                            follow=os.path.join(world.dir, "follow"))
     if world.prepare:
         # Before the baseline (the rank's isolation, below): what it sets up (the pytest
         # front's session, its imports and sys.path) is every cell's starting state, not
-        # a cell's change.
-        _prepare(world, rank)
+        # a cell's change. What it reads (the test modules' reads at import, conftests,
+        # parametrize sources) is observed: every later cell's observed set holds it.
+        observer.start()
+        try:
+            _prepare(world, rank)
+        finally:
+            observer.stop()
 
     if world.device == "cuda":
         torch.cuda.set_device(local_rank)
@@ -180,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
         timeout=timeout,
     )
-    ranks = _Rank(world, rank, store, timeout, log,
+    ranks = _Rank(world, rank, store, timeout, log, observer,
                   device_index=local_rank if world.device == "cuda" else None)
     try:
         ranks.run()
@@ -207,7 +217,8 @@ class _Rank:
     its process state restored or detected after, its groups checked."""
 
     def __init__(self, world: WorldSpec, rank: int, store: Any,
-                 timeout: datetime.timedelta, log: TextIO, device_index: int | None) -> None:
+                 timeout: datetime.timedelta, log: TextIO, observer: ReadObserver,
+                 device_index: int | None) -> None:
         from cpmatrix.remote.isolation import CellIsolation
 
         self.world = world
@@ -232,11 +243,7 @@ class _Rank:
         self.isolation = CellIsolation(project_roots=world.project_roots, log=log,
                                        namespaces=_PREBUILT[0] if _PREBUILT and not world.prepare
                                        else None)
-        # What each cell reads completes the cache key (the run's own folder is the
-        # cells': their working folders, HOME and TMPDIR are under it); the processes a
-        # cell starts log theirs under the world's folder (cpmatrix.remote.follow).
-        self.observer = ReadObserver(skip=(world.out_root, world.dir),
-                                     follow=os.path.join(world.dir, "follow"))
+        self.observer = observer
         #: Set once a cell changed what cannot be restored: this process runs no more
         #: cells, it only tells the peers of its remaining cells to skip them.
         self.tainted = False

@@ -1,5 +1,7 @@
 """DeepSpeed-style classes: a world_size attribute, the test method run on every rank."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,3 +33,20 @@ class TestSizes(DistributedTest):
         t = torch.ones(1)
         dist.all_reduce(t)
         assert t.item() == dist.get_world_size()
+
+
+class TestLauncherEnvironment(DistributedTest):
+    world_size = 2
+
+    def test_local_size_and_the_group(self):
+        assert os.environ["LOCAL_SIZE"] == "2"
+        assert dist.is_initialized() and dist.get_world_size() == 2
+
+
+class TestWithoutInit(DistributedTest):
+    world_size = 2
+    init_distributed = False
+
+    def test_no_group_is_made(self):
+        assert not dist.is_initialized()
+        assert os.environ["WORLD_SIZE"] == "2"

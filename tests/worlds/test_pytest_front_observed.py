@@ -1,0 +1,67 @@
+"""A ``pytest:`` target's data read while the ranks import the test modules (issue 29,
+cause 9): a golden file loaded at module level is in each cell's observed set, so editing
+it reruns the cell instead of returning a cached pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli_runner import run_cli
+
+pytestmark = pytest.mark.slow
+
+MATRIX = """\
+version: 1
+platforms:
+  cpu: {backend: gloo, device: cpu}
+targets:
+  - name: golden
+    pytest: [test_golden.py]
+    timeout: 120
+"""
+
+TEST = '''\
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+# Read at import, while the ranks build their pytest session: before any cell starts.
+GOLDEN = (Path(__file__).parent / "golden" / "expected.txt").read_text().strip()
+
+
+@pytest.mark.world(2)
+def test_matches_the_golden_file():
+    assert dist.get_world_size() == 2
+    assert GOLDEN == "ok", "planted: the golden file changed"
+'''
+
+
+def _statuses(out: Path) -> list[str]:
+    return [r["status"] for r in json.loads((out / "results.json").read_text())]
+
+
+def test_a_file_read_at_import_is_observed(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    (suite / "golden").mkdir(parents=True)
+    (suite / "golden" / "expected.txt").write_text("ok\n")
+    (suite / "test_golden.py").write_text(TEST)
+    (suite / "m.yaml").write_text(MATRIX)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache-home")}
+
+    def run(name: str) -> tuple[int, list[str], str]:
+        out = tmp_path / name
+        proc = run_cli("run", "--matrix", str(suite / "m.yaml"), "--out", str(out),
+                       "--plain", env=env)
+        return proc.returncode, _statuses(out), proc.stdout[-3000:] + proc.stderr[-2000:]
+
+    rc, statuses, text = run("first")
+    assert (rc, statuses) == (0, ["passed"]), text
+    rc, statuses, text = run("again")
+    assert (rc, statuses) == (0, ["cached"]), text
+    (suite / "golden" / "expected.txt").write_text("changed\n")
+    rc, statuses, text = run("edited")
+    assert (rc, statuses) == (1, ["failed"]), text
