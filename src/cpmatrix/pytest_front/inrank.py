@@ -200,20 +200,34 @@ class _TorchContinuous(Dialect):
                     setattr(cls, k, v)
 
 
-def _accelerator_count() -> int:
+def _deepspeed_module() -> Any:
+    """DeepSpeed's package where it is installed, else None (a folder named
+    ``deepspeed`` on ``sys.path``, such as a suite's own tests, is a namespace package,
+    not DeepSpeed: never imported here)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    module = importlib.import_module("deepspeed")
+    return module if callable(getattr(module, "init_distributed", None)) else None
+
+
+def _accelerator_count(deepspeed: Any) -> int:
     """Devices of the host's accelerator as DeepSpeed counts them (its ``get_accelerator``
     where DeepSpeed is installed, else torch's); 0 without one."""
-    try:
+    if deepspeed is not None:
         from deepspeed.accelerator import get_accelerator  # type: ignore[import-not-found]
 
         acc = get_accelerator()
         return int(acc.device_count()) if acc.is_available() and \
             acc.device_name() != "cpu" else 0
-    except ImportError:
-        import torch
+    import torch
 
-        return int(torch.accelerator.device_count()) if torch.accelerator.is_available() \
-            else 0
+    return int(torch.accelerator.device_count()) if torch.accelerator.is_available() else 0
 
 
 class _DeepSpeed(Dialect):
@@ -237,15 +251,12 @@ class _DeepSpeed(Dialect):
         def run(*args: Any, **kwargs: Any) -> Any:
             import pytest
 
-            count = _accelerator_count()
+            deepspeed = _deepspeed_module()
+            count = _accelerator_count(deepspeed)
             if count and count < size:
                 pytest.skip("Skipping test because not enough GPUs are available: "
                             f"{size} required, {count} available")
             if getattr(cls, "init_distributed", True):
-                try:
-                    import deepspeed  # type: ignore[import-not-found]
-                except ImportError:
-                    deepspeed = None
                 if deepspeed is not None:
                     deepspeed.init_distributed(dist_backend=dist.get_backend(),
                                                rank=rank, world_size=size)
