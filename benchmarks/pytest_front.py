@@ -155,7 +155,11 @@ def main() -> int:
     print(f"suite {suite}: {' '.join(targets)}" + (f" -k {args.keyword!r}" if args.keyword
                                                      else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="pytest-front-bench-") as tmp:
-        extra = {"native": [], "cpmatrix": ["--cpmatrix", "--cpmatrix-out", f"{tmp}/out"]}
+        # ``--cpmatrix-out=DIR``, not ``--cpmatrix-out DIR``: pytest takes a separate
+        # argument that is an existing path for a test path when it derives the rootdir,
+        # so from the second run on (DIR exists) a suite without an ini file would be
+        # rooted at the common ancestor of DIR and the tests (``/``), its node ids too.
+        extra = {"native": [], "cpmatrix": ["--cpmatrix", f"--cpmatrix-out={tmp}/out"]}
         for i in range(args.rounds):
             for side in order_of(first, i):
                 junit = Path(tmp, f"{side}{i + 1}.xml")
