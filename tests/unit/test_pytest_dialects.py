@@ -299,3 +299,13 @@ def test_a_deepspeed_class_without_init_distributed_runs_natively() -> None:
     found = placement(Item(cls=cls))
     assert found is not None and found.dialect == "native"
     assert "init_distributed = False" in found.note
+
+
+@pytest.mark.parametrize(("marked", "meshes"), [(1, ("1x1",)), ([2, 4], ("1x2", "1x4"))])
+def test_a_methods_world_size_marker_wins_over_the_deepspeed_class(
+        marked: Any, meshes: tuple[str, ...]) -> None:
+    # DeepSpeed's DistributedTest: @pytest.mark.world_size(N) on a method overrides the
+    # class's world_size (its TestWorldSizeOverrideDistTest ran on 2 ranks: assert 2 == 1).
+    cls = type("TestDs", (), {"world_size": 2})
+    found = placement(Item(Mark("world_size", marked), cls=cls))
+    assert found is not None and found.meshes == meshes

@@ -313,7 +313,11 @@ def placement(item: Any) -> Placement | None:
     elif cls is not None:
         sizes = inspect.getattr_static(cls, "world_size", None)
         if isinstance(sizes, int | list | tuple) and not isinstance(sizes, bool):
-            found = _deepspeed(item, sizes)
+            # DistributedTest._get_world_size: a method's @pytest.mark.world_size(N)
+            # wins over the class's world_size.
+            override = item.get_closest_marker("world_size")
+            found = _deepspeed(item, override.args[0] if override is not None
+                               and override.args else sizes)
     if found is None or found.dialect == "native":
         return found
     timeout = timeout_of(item)

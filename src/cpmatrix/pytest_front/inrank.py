@@ -222,9 +222,8 @@ def _accelerator_count(deepspeed: Any) -> int:
     if deepspeed is not None:
         from deepspeed.accelerator import get_accelerator  # type: ignore[import-not-found]
 
-        acc = get_accelerator()
-        return int(acc.device_count()) if acc.is_available() and \
-            acc.device_name() != "cpu" else 0
+        acc = get_accelerator()  # its cpu accelerator counts LOCAL_SIZE, else NUMA nodes
+        return int(acc.device_count()) if acc.is_available() else 0
     import torch
 
     return int(torch.accelerator.device_count()) if torch.accelerator.is_available() else 0
@@ -247,12 +246,15 @@ class _DeepSpeed(Dialect):
         rank, size = dist.get_rank(), dist.get_world_size()
         fn = item.obj
 
+        # Counted as the launcher counts, in its own environment: before LOCAL_SIZE is
+        # set for the launched processes (DeepSpeed's cpu accelerator counts LOCAL_SIZE).
+        deepspeed = _deepspeed_module()
+        count = _accelerator_count(deepspeed)
+
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             import pytest
 
-            deepspeed = _deepspeed_module()
-            count = _accelerator_count(deepspeed)
             if count and count < size:
                 pytest.skip("Skipping test because not enough GPUs are available: "
                             f"{size} required, {count} available")

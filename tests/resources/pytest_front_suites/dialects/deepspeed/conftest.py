@@ -7,5 +7,6 @@ import pytest
 def pytest_runtest_call(item):
     if getattr(item.cls, "is_dist_test", False):
         kwargs = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
-        item.cls().launch(item.originalname, kwargs)
+        mark = item.get_closest_marker("world_size")  # a method's own size wins
+        item.cls().launch(item.originalname, kwargs, mark.args[0] if mark else None)
         item.runtest = lambda: True  # ran in the launched processes

@@ -43,8 +43,9 @@ class DistributedTest:
             queue.put((rank, "skip" if skip else "error",
                        str(exc) if skip else traceback.format_exc()))
 
-    def launch(self, name, kwargs):
-        sizes = self.world_size if isinstance(self.world_size, list) else [self.world_size]
+    def launch(self, name, kwargs, size_override=None):
+        sizes = self.world_size if size_override is None else size_override
+        sizes = sizes if isinstance(sizes, list) else [sizes]
         ctx = multiprocessing.get_context("fork")
         for size in sizes:
             with tempfile.NamedTemporaryFile(delete=False) as f:

@@ -50,3 +50,11 @@ class TestWithoutInit(DistributedTest):
     def test_no_group_is_made(self):
         assert not dist.is_initialized()
         assert os.environ["WORLD_SIZE"] == "2"
+
+
+class TestWorldSizeMarker(DistributedTest):
+    world_size = 2
+
+    @pytest.mark.world_size(1)
+    def test_one_rank(self):
+        assert dist.get_world_size() == 1
