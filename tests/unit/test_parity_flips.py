@@ -226,3 +226,51 @@ def test_a_probe_that_cannot_run_leaves_the_values_unprobed() -> None:
     run_probes(twin, {"x": torch.ones(2, dtype=D)}, [], {}, 2.0**-7)
     assert not twin.probed and "RuntimeError: no float64 kernel" in twin.probe_why
     assert not isinstance(twin.outputs["out"], Probed)
+
+
+class _Running(torch.nn.Module):
+    """A forward that updates a running mean (BatchNorm-like state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("running_mean", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        with torch.no_grad():
+            self.running_mean.mul_(0.9).add_(0.1 * h.mean(0))
+        return h - self.running_mean
+
+
+def test_the_probes_start_from_the_twins_buffers_and_leave_them_as_its_run_did() -> None:
+    # a stateful forward run four more times must neither drift the twin's buffers (the
+    # buffer check's reference) nor make its smooth output look like a flip everywhere
+    from cpmatrix.parity._twin import (
+        make_twin,
+        outputs_of,
+        run_probes,
+        set_buffers,
+        upcast_inputs,
+    )
+
+    torch.manual_seed(0)
+    twin = make_twin(_Running())
+    assert torch.equal(twin.start["running_mean"], torch.zeros(3, dtype=D))
+    ins, leaves = upcast_inputs({"x": torch.randn(8, 3)}, ["x"])
+    out = outputs_of(twin.module(**ins))
+    grads = {"out": torch.randn(8, 3)}
+    out["out"].backward(grads["out"].double())
+    after = twin.module.running_mean.clone()
+    twin.outputs = {"out": out["out"].detach()}
+    twin.input_grads = {"x": leaves["x"].grad}
+    run_probes(twin, ins, ["x"], grads, 2.0**-7)
+    assert twin.probed
+    assert torch.equal(twin.module.running_mean, after)
+    probed = twin.outputs["out"]
+    assert isinstance(probed, Probed)
+    assert not unstable_mask(probed.value, probed.probes, 2.0**-7 * 4).any()
+    # a buffer the forward replaced by one of another shape is replaced back
+    twin.module.running_mean = torch.zeros(5, dtype=D)
+    set_buffers(twin.module, {"running_mean": after})
+    assert torch.equal(twin.module.running_mean, after)
