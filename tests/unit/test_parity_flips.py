@@ -20,6 +20,7 @@ from cpmatrix.parity.compare import (
     twin_verdict,
     unstable_mask,
 )
+from cpmatrix.parity.flips import Flips, flip_verdict, probes_of
 from cpmatrix.parity.tolerance import tolerance_for
 
 D = torch.float64
@@ -54,6 +55,30 @@ def test_unstable_mask_marks_one_sided_jumps_not_smooth_moves() -> None:
     probes = (probes[0].clone(), *probes[1:])
     probes[0][5] = float("inf")
     assert unstable_mask(twin, probes, 1e-6).nonzero().flatten().tolist() == [3, 5]
+
+
+def test_unstable_means_a_jump_beyond_the_threshold_or_a_nan_probe() -> None:
+    twin = torch.tensor([0.0, 0.0, 1.0], dtype=D)
+    plus = torch.tensor([0.5, 0.25, float("nan")], dtype=D)
+    # a jump of exactly the threshold is not beyond it; a NaN probe where the twin is
+    # finite is unstable (no comparison with NaN is true: it must not read as smooth)
+    assert unstable_mask(twin, (plus, twin), 0.5).tolist() == [False, False, True]
+
+
+def test_probes_not_in_pairs_are_refused_not_truncated() -> None:
+    twin = torch.zeros(2, dtype=D)
+    with pytest.raises(ValueError):
+        unstable_mask(twin, (twin, twin, twin + 1.0), 0.1)
+
+
+def test_complex_twin_values_take_complex128_probes_only() -> None:
+    value = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex128)
+    probes = (value + 1e-3, value - 1e-3)
+    got = probes_of(Probed(value, probes), value)
+    assert got is not None and all(torch.equal(g, p) for g, p in zip(got, probes, strict=True))
+    real = tuple(p.real.contiguous() for p in probes)
+    assert probes_of(Probed(value, real), value) is None
+    assert probes_of(Probed(value.real, real), value.real) is not None
 
 
 def test_a_serial_flip_no_longer_switches_off_the_check_of_its_tensor() -> None:
@@ -226,3 +251,106 @@ def test_a_probe_that_cannot_run_leaves_the_values_unprobed() -> None:
     run_probes(twin, {"x": torch.ones(2, dtype=D)}, [], {}, 2.0**-7)
     assert not twin.probed and "RuntimeError: no float64 kernel" in twin.probe_why
     assert not isinstance(twin.outputs["out"], Probed)
+
+
+class _Running(torch.nn.Module):
+    """A forward that updates a running mean (BatchNorm-like state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("running_mean", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        with torch.no_grad():
+            self.running_mean.mul_(0.9).add_(0.1 * h.mean(0))
+        return h - self.running_mean
+
+
+def test_the_probes_start_from_the_twins_buffers_and_leave_them_as_its_run_did() -> None:
+    # a stateful forward run four more times must neither drift the twin's buffers (the
+    # buffer check's reference) nor make its smooth output look like a flip everywhere
+    from cpmatrix.parity._twin import (
+        make_twin,
+        outputs_of,
+        run_probes,
+        set_buffers,
+        upcast_inputs,
+    )
+
+    torch.manual_seed(0)
+    twin = make_twin(_Running())
+    assert torch.equal(twin.start["running_mean"], torch.zeros(3, dtype=D))
+    ins, leaves = upcast_inputs({"x": torch.randn(8, 3)}, ["x"])
+    out = outputs_of(twin.module(**ins))
+    grads = {"out": torch.randn(8, 3)}
+    out["out"].backward(grads["out"].double())
+    after = twin.module.running_mean.clone()
+    twin.outputs = {"out": out["out"].detach()}
+    twin.input_grads = {"x": leaves["x"].grad}
+    run_probes(twin, ins, ["x"], grads, 2.0**-7)
+    assert twin.probed
+    assert torch.equal(twin.module.running_mean, after)
+    probed = twin.outputs["out"]
+    assert isinstance(probed, Probed)
+    assert not unstable_mask(probed.value, probed.probes, 2.0**-7 * 4).any()
+    # a buffer the forward replaced by one of another shape is replaced back
+    twin.module.running_mean = torch.zeros(5, dtype=D)
+    set_buffers(twin.module, {"running_mean": after})
+    assert torch.equal(twin.module.running_mean, after)
+
+
+def _flip_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(twin, serial, unstable): four elements, the first three unstable, the serial side
+    moved the first by 0.25 (exact in binary: the boundaries below are exact)."""
+    twin = torch.ones(4, dtype=D)
+    serial = twin + torch.tensor([0.25, 0.0, 0.0, 0.0], dtype=D)
+    return twin, serial, torch.tensor([True, True, True, False])
+
+
+def test_a_flip_exactly_at_its_reach_passes_and_a_move_at_the_budget_is_no_flip() -> None:
+    twin, serial, unstable = _flip_case()
+    cp_abs = torch.tensor([1.25, 0.0, 0.0, 0.0], dtype=D)  # reach: 4 x 0.25 + 0.25
+    no = torch.zeros(4, dtype=torch.bool)
+    flips, bad = flip_verdict(
+        cp_abs, serial, twin, (twin, twin), unstable, ~unstable, no, 0.25, 4.0
+    )
+    assert flips is not None and flips.ok and not bad.any()
+    # the serial side moved its element by exactly the budget: not off it, so no flip of
+    # the serial side, and the CP side may flip one (the slack), not two
+    assert (flips.unstable, flips.cp, flips.serial, flips.allowed) == (3, 1, 0, 1)
+    flips, bad = flip_verdict(
+        cp_abs + 1e-9, serial, twin, (twin, twin), unstable, ~unstable, no, 0.25, 4.0
+    )
+    assert flips is not None and not flips.ok and bad.tolist() == [True, False, False, False]
+
+
+def test_a_probe_that_overflowed_bounds_no_flip() -> None:
+    # a NaN or inf probe marks its element unstable, but moved it by no finite amount:
+    # the reach comes from the finite moves only (4 x 0.01 + 0.05 = 0.09)
+    twin, _, unstable = _flip_case()
+    serial = twin + torch.tensor([0.01, 0.0, 0.0, 0.0], dtype=D)
+    plus = twin.clone()
+    plus[1], plus[2] = float("nan"), float("inf")
+    no = torch.zeros(4, dtype=torch.bool)
+    for moved, ok in ((0.08, True), (0.5, False)):
+        cp_abs = torch.tensor([moved, 0.0, 0.0, 0.0], dtype=D)
+        flips, bad = flip_verdict(
+            cp_abs, serial, twin, (plus, twin), unstable, ~unstable, no, 0.05, 4.0
+        )
+        assert flips is not None and flips.ok is ok and bool(bad.any()) is not ok, moved
+        assert (flips.cp, flips.serial, flips.allowed) == (1, 0, 2)  # inf moved one
+
+
+def test_the_flips_line_names_the_first_indices_counts_the_rest_and_says_beyond() -> None:
+    many = Flips(47, 7, 0, 19, ((9, 3), (9, 4)))
+    assert many.line() == (
+        "47 unstable (a rounding-sized probe flips them): CP moved 7 "
+        "[(9, 3), (9, 4), ...], serial 0, allowed 19"
+    )
+    beyond = Flips(3, 2, 1, 2, ((4,), (7,)), ok=False)
+    assert beyond.line() == (
+        "3 unstable (a rounding-sized probe flips them): CP moved 2 "
+        "[4, 7], serial 1, allowed 2, FLIPS BEYOND THE SERIAL SIDE'S"
+    )

@@ -150,7 +150,7 @@ class RunningMean(nn.Module):
         return h - self.running_mean
 
 
-@pytest.mark.parametrize("dtype", ["fp64", "fp32"])
+@pytest.mark.parametrize("dtype", ["fp64", "fp32", "bf16"])
 def test_running_statistics_from_local_rows_fail_the_buffer_check(dtype: str) -> None:
     cell = _cell(dtype)
     check_parity(cell, RunningMean(), RunningMean(), inputs={"x": TensorSpec(shape=(8, 3))},

@@ -42,9 +42,11 @@ __all__ = [
     "PROBE_SEED",
     "PROBE_ULPS",
     "Twin",
+    "buffer_copies",
     "make_twin",
     "probe_step",
     "run_probes",
+    "set_buffers",
     "upcast",
     "upcast_inputs",
 ]
@@ -69,6 +71,10 @@ class Twin:
     probe_why: str = ""
     #: Whether the probes ran and its values are :class:`~cpmatrix.parity.compare.Probed`.
     probed: bool = False
+    #: The module's buffers before the twin ran (copies): every probe starts from them, as
+    #: the twin's own run did (a forward that updates a running mean must not drift over
+    #: the probes' runs).
+    start: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -121,7 +127,39 @@ def make_twin(serial: Any) -> Twin:
 
 
 def twin_of(module: torch.nn.Module) -> Twin:
-    return Twin(module=module)
+    return Twin(module=module, start=buffer_copies(module))
+
+
+def buffer_copies(module: Any) -> dict[str, torch.Tensor]:
+    """Detached copies of a module's buffers by name (none for a plain callable): a
+    snapshot later runs cannot move."""
+    if not isinstance(module, torch.nn.Module):
+        return {}
+    return {n: b.detach().clone() for n, b in module.named_buffers()}
+
+
+def set_buffers(module: Any, values: Mapping[str, torch.Tensor]) -> None:
+    """Put ``values`` back into the module's buffers of those names: in place where the
+    shape still fits (a buffer shared by two submodules stays shared), else as a new
+    tensor (a forward that replaced or grew it).
+
+    >>> bn = torch.nn.BatchNorm1d(2)
+    >>> start = buffer_copies(bn)
+    >>> _ = bn(torch.randn(4, 2))
+    >>> set_buffers(bn, start); bn.running_mean.tolist()
+    [0.0, 0.0]
+    """
+    if not isinstance(module, torch.nn.Module):
+        return
+    with torch.no_grad():
+        for name, value in values.items():
+            owner, _, leaf = name.rpartition(".")
+            sub = module.get_submodule(owner)
+            current = sub._buffers.get(leaf)
+            if current is not None and current.shape == value.shape:
+                current.copy_(value)
+            else:
+                sub._buffers[leaf] = value.clone()
 
 
 def upcast(value: Any) -> Any:
@@ -232,6 +270,11 @@ def run_probes(twin: Twin, t_ins: Mapping[str, Any], leaves: Sequence[str],
     as :class:`~cpmatrix.parity.compare.Probed`: an element whose decision (a ReLU mask, a
     top-k routing) the cell's rounding can flip jumps under one of the probes.
 
+    Each probe starts from the module's buffers as the twin's run did (``twin.start``),
+    and the buffers are left as the twin's run left them: a forward that updates state
+    (a running mean) would otherwise flag every element it touches as a jump and move the
+    twin's buffers off the reference. State kept outside buffers is not restored.
+
     A probe that cannot run leaves the values unprobed (``probe_why`` says why): they are
     judged as without probes, never failed for it."""
     if not twin.ok:
@@ -241,9 +284,11 @@ def run_probes(twin: Twin, t_ins: Mapping[str, Any], leaves: Sequence[str],
     params = dict(twin.module.named_parameters()) \
         if isinstance(twin.module, torch.nn.Module) else {}
     kept = {n: p.grad for n, p in params.items()}
+    after = buffer_copies(twin.module)
     try:
         for pattern, sign in ((0, 1.0), (0, -1.0), (1, 1.0), (1, -1.0)):
             gen = torch.Generator().manual_seed(PROBE_SEED + pattern)
+            set_buffers(twin.module, twin.start)
             for p in params.values():
                 p.grad = None
             ins, grads = upcast_inputs(t_ins, list(leaves))
@@ -262,6 +307,7 @@ def run_probes(twin: Twin, t_ins: Mapping[str, Any], leaves: Sequence[str],
     finally:
         for n, p in params.items():
             p.grad = kept[n]
+        set_buffers(twin.module, after)
     twin.outputs = _probed(twin.outputs, [r[0] for r in runs])
     twin.input_grads = _probed(twin.input_grads, [r[1] for r in runs])
     twin.param_grads = _probed(twin.param_grads, [r[2] for r in runs])

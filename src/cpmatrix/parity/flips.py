@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,11 +152,11 @@ def _reach(
     """How far the CP side may move an element it flips: ``factor`` times the farthest the
     serial side or a probe moved an unstable element, plus the stable budget (over the
     tensor, not per element: two flips the probes made can cancel in one element that a
-    single flip of the CP side moves)."""
-    moved = torch.stack(
-        [torch.where(unstable, (side - twin).abs(), 0.0) for side in (serial, *probes)]
-    )
-    return factor * _worst(torch.nan_to_num(moved, nan=0.0, posinf=0.0)) + budget
+    single flip of the CP side moves). A move that is not finite (a probe that overflowed:
+    unstable by :func:`unstable_mask`) counts as none: it bounds nothing. Called where
+    ``unstable`` has an element, so there is a largest move."""
+    moved = torch.stack([(side - twin).abs() for side in (serial, *probes)])
+    return factor * float(torch.where(unstable & moved.isfinite(), moved, 0.0).max()) + budget
 
 
 def flip_verdict(
@@ -200,10 +199,3 @@ def _as_twin(value: Any, expected: torch.Tensor) -> torch.Tensor | None:
     if value.dtype != (torch.complex128 if expected.is_complex() else torch.float64):
         return None
     return value.detach().cpu()
-
-
-def _worst(values: torch.Tensor) -> float:
-    """The largest value, NaN counted as inf."""
-    if not values.numel():
-        return 0.0
-    return float(torch.nan_to_num(values, nan=math.inf, posinf=math.inf).max())

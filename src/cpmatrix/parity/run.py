@@ -58,6 +58,7 @@ from cpmatrix.parity._training import OptimizerFactory, run_training
 from cpmatrix.parity._twin import (
     Twin,
     backward_twin,
+    buffer_copies,
     make_twin,
     outputs_of,
     run_probes,
@@ -316,7 +317,7 @@ def _run_twin(twin: Twin, t_ins: Mapping[str, Any], t_leaves: Mapping[str, torch
                         if isinstance(v, torch.Tensor)}
         twin.input_grads = {n: t.grad for n, t in t_leaves.items()}
         twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
-        twin.buffers = named_buffers(twin.module)
+        twin.buffers = buffer_copies(twin.module)
 
 
 def _check_outputs(
