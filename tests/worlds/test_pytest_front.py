@@ -86,7 +86,7 @@ def test_pytest_reporting_options_work(front: Run) -> None:
     assert "XPASS dialects/test_marker_dialect.py::test_unexpected_pass" in out
     assert "SKIPPED [1] dialects/test_torch_dialect.py" in out
     # The one local test and the DeepSpeed-style class without init_distributed ran here.
-    assert "cpmatrix: 26 multi-rank tests in" in out
+    assert "cpmatrix: 27 multi-rank tests in" in out
 
 
 def test_xdist_is_refused_with_a_clear_message(tmp_path: Path) -> None:
