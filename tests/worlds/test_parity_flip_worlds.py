@@ -24,20 +24,16 @@ RES = Path(__file__).parents[1] / "resources" / "parity"
 pytestmark = pytest.mark.slow
 
 
+def _run_with_mutants(tmp: pytest.TempPathFactory, matrix: str) -> Run:
+    out = tmp.mktemp(matrix.removesuffix(".yaml")) / "out"
+    proc = run_cli("run", "--matrix", str(RES / matrix), "--mutants", "--out", str(out),
+                   "--plain", timeout=600)
+    return read_run(out, proc.returncode, proc.stdout + proc.stderr)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    out = tmp_path_factory.mktemp("flips") / "out"
-    proc = run_cli(
-        "run",
-        "--matrix",
-        str(RES / "flips.yaml"),
-        "--mutants",
-        "--out",
-        str(out),
-        "--plain",
-        timeout=600,
-    )
-    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
+    yield _run_with_mutants(tmp_path_factory, "flips.yaml")
 
 
 def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
@@ -54,18 +50,7 @@ def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
 
 @pytest.fixture(scope="module")
 def counts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    out = tmp_path_factory.mktemp("buffers") / "out"
-    proc = run_cli(
-        "run",
-        "--matrix",
-        str(RES / "buffers.yaml"),
-        "--mutants",
-        "--out",
-        str(out),
-        "--plain",
-        timeout=600,
-    )
-    yield read_run(out, proc.returncode, proc.stdout + proc.stderr)
+    yield _run_with_mutants(tmp_path_factory, "buffers.yaml")
 
 
 def test_a_buffer_declared_partial_is_reduced_before_it_is_compared(counts: Run) -> None:
