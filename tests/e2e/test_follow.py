@@ -19,6 +19,7 @@ from cpmatrix.remote import follow
 from cpmatrix.remote.follow import UNOBSERVED, merge_signatures
 from cpmatrix.remote.observe import ReadObserver, signature
 from cpmatrix.run.cache import ReadHashes, merge_reads
+from observed_cells import cell
 
 HELPER = """\
 import sys
@@ -50,16 +51,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "helper.py").write_text(HELPER)
     monkeypatch.chdir(root)
     return root
-
-
-def cell(obs: ReadObserver, body: object) -> dict[str, str]:
-    obs.start()
-    try:
-        body()  # type: ignore[operator]
-    finally:
-        reads = obs.stop()
-    assert reads is not None
-    return reads
 
 
 def unobserved(reads: dict[str, str]) -> list[str]:

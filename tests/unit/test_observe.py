@@ -17,6 +17,7 @@ import pytest
 from cpmatrix.remote import observe
 from cpmatrix.remote.classify import record_files as _record_files
 from cpmatrix.remote.observe import ABSENT, CHANGED, ReadObserver, importable
+from observed_cells import cell
 
 
 def test_doctests_run() -> None:
@@ -29,15 +30,6 @@ def obs(tmp_path: Path) -> Iterator[ReadObserver]:
     observer = ReadObserver(skip=(str(tmp_path / "out"),))
     yield observer
     observer.active = False
-
-
-def cell(obs: ReadObserver, body: object) -> dict[str, str]:
-    obs.start()
-    try:
-        body()  # type: ignore[operator]
-    finally:
-        reads = obs.stop()
-    return reads
 
 
 def test_a_data_file_read_is_recorded_with_its_signature(obs: ReadObserver,
