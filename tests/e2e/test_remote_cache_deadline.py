@@ -155,5 +155,14 @@ def test_a_run_with_a_sick_remote_finishes_with_the_same_verdicts(
     assert proc.returncode == 0, text
     assert _verdicts(folder) == verdicts
     assert proc.stderr.count(f"warning: remote cache {server.url}") == 1, proc.stderr
-    assert WHY[mode].replace("(3 s)", "(10 s)") in proc.stderr, proc.stderr
+    why = WHY[mode].replace("(3 s)", "(10 s)")
+    if "deadline" in why:
+        # A run also waits for its lookups (uploads) one deadline in all, so on a loaded
+        # machine that clock may run out before the request's own: either says the
+        # deadline ended it (the exact reason per mode is checked above, unloaded).
+        why = "within the deadline (10 s)"
+        assert ("no complete answer " + why in proc.stderr
+                or "the lookups not finished " + why in proc.stderr
+                or "the uploads not finished " + why in proc.stderr), proc.stderr
+    assert why in proc.stderr, proc.stderr
     assert asked >= 1  # the server was asked: the remote was really in the path
