@@ -16,10 +16,16 @@ of the project in a scratch folder (``--workdir``, default ``.nox/mutation-work`
 The score counts a mutant no test reaches ("no tests") as surviving:
 ``score = (killed + timeout) / mutants`` (a mutant that makes the tests hang is detected).
 
+**Which tests judge which module**: ``[[tool.mutation_score.group]]`` in ``pyproject.toml``
+lists groups of modules with the test files that judge them; each group is mutated in a
+workdir of its own (``WORKDIR/<n>``, n its place among the groups) against exactly its
+tests, so a module's score never counts another group's tests.
+
 **The stamp** (``tools/mutation-stamp.json``, written by ``--record``): per module, the
 score a real run reached and the hash of everything that score depends on: the module's
-source, every test file mutmut runs against it (the selection, conftest, and the shared
-helpers they import), the ``[tool.mutmut]`` settings and this tool. With
+source, every test file mutmut runs against it (its group's tests, conftest, and the shared
+helpers they import), the ``[tool.mutmut]`` settings but the list of mutated modules, and
+this tool. Editing one group's tests leaves the other groups' stamps standing. With
 ``--changed-only`` (what CI runs) a module whose hash matches its stamp, with a recorded
 score at or above ``--fail-under``, is not mutated again: the tool prints its recorded
 score, the date and the hash it matched. Every other module runs. Nothing is skipped
@@ -81,15 +87,54 @@ def modules_of(pyproject: Path) -> list[str]:
     return [str(p) for p in config["only_mutate"]]
 
 
-def test_files(root: Path) -> list[Path]:
-    """The test files a mutant is judged by: the selection of ``[tool.mutmut]`` (paths
-    among ``pytest_add_cli_args_test_selection``), ``tests/conftest.py`` (pytest loads it
-    for every test) and the shared helpers beside them (``tests/*.py``) that these import,
-    directly or through another helper, sorted. A helper no judging test imports (the
-    pytest front's runner, the cache server's fixture) cannot move a score."""
-    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    selection = config["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
-    named = {root / a for a in selection if a.endswith(".py")}
+class ConfigError(Exception):
+    """``[tool.mutation_score]`` does not say which tests judge a module."""
+
+
+def groups_of(root: Path) -> list[tuple[list[str], list[str]]]:
+    """``[[tool.mutation_score.group]]``: (modules, test files) per group, checked: every
+    module of ``only_mutate`` in exactly one group, every test file present."""
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
+    raw = config.get("mutation_score", {}).get("group", [])
+    groups = [([str(m) for m in g.get("modules", [])], [str(t) for t in g.get("tests", [])])
+              for g in raw]
+    where: dict[str, int] = {}
+    for i, (modules, tests) in enumerate(groups):
+        if not modules or not tests:
+            raise ConfigError(f"pyproject.toml: [[tool.mutation_score.group]] number {i + 1} "
+                              "needs both modules and tests")
+        for test in tests:
+            if not (root / test).is_file():
+                raise ConfigError(f"pyproject.toml: [[tool.mutation_score.group]] number "
+                                  f"{i + 1}: no such test file {test}")
+        for module in modules:
+            if module in where:
+                raise ConfigError(f"pyproject.toml: {module} is in two "
+                                  "[[tool.mutation_score.group]] tables")
+            where[module] = i
+    missing = [m for m in config["mutmut"]["only_mutate"] if m not in where]
+    if missing:
+        raise ConfigError(f"pyproject.toml: no [[tool.mutation_score.group]] names the tests "
+                          f"that judge {', '.join(missing)} (each module of [tool.mutmut] "
+                          "only_mutate needs one)")
+    return groups
+
+
+def group_of(root: Path, module: str) -> int:
+    """The index of ``module``'s group in ``[[tool.mutation_score.group]]``."""
+    for i, (modules, _tests) in enumerate(groups_of(root)):
+        if module in modules:
+            return i
+    raise ConfigError(f"pyproject.toml: {module} is in no [[tool.mutation_score.group]]")
+
+
+def test_files(root: Path, module: str) -> list[Path]:
+    """The test files ``module``'s mutants are judged by: its group's tests,
+    ``tests/conftest.py`` (pytest loads it for every test) and the shared helpers beside
+    them (``tests/*.py``) that these import, directly or through another helper, sorted. A
+    helper no judging test imports (the pytest front's runner, the cache server's fixture)
+    cannot move a score."""
+    named = {root / t for t in groups_of(root)[group_of(root, module)][1]}
     helpers = {p.stem: p for p in (root / "tests").glob("*.py")}
     found: set[Path] = {helpers["conftest"]} if "conftest" in helpers else set()
     todo = sorted(named | found)
@@ -126,9 +171,12 @@ def input_hash(root: Path, module: str) -> str:
     """sha256 over what a module's score depends on: its source, the test files, the
     ``[tool.mutmut]`` settings and this tool (each named, so a moved byte counts)."""
     config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    h = hashlib.sha256(b"cpmatrix-mutation-stamp-v1\0")
-    h.update(json.dumps(config["tool"]["mutmut"], sort_keys=True).encode())
-    for path in [root / module, *test_files(root), root / "tools" / "mutation_score.py"]:
+    # The list of mutated modules is left out: adding a module moves no other's score.
+    settings = {k: v for k, v in config["tool"]["mutmut"].items() if k != "only_mutate"}
+    h = hashlib.sha256(b"cpmatrix-mutation-stamp-v2\0")
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for path in [root / module, *test_files(root, module),
+                 root / "tools" / "mutation_score.py"]:
         h.update(b"\0" + str(path.relative_to(root)).encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
@@ -179,9 +227,10 @@ def dotted(path: str) -> str:
     return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
 
 
-def prepare(workdir: Path, modules: list[str]) -> None:
+def prepare(workdir: Path, modules: list[str], tests: list[str]) -> None:
     """A fresh copy of what the tests need (mutmut must not find stale mutants), its
-    ``only_mutate`` narrowed to ``modules``."""
+    ``only_mutate`` narrowed to ``modules`` and its test selection to ``tests`` (after
+    the selection's options, e.g. ``-m``)."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -196,8 +245,15 @@ def prepare(workdir: Path, modules: list[str]) -> None:
     text = pyproject.read_text(encoding="utf-8")
     listed = re.compile(r"^only_mutate = \[.*?^\]", re.MULTILINE | re.DOTALL)
     assert len(listed.findall(text)) == 1, "[tool.mutmut] only_mutate must be one list"
-    pyproject.write_text(listed.sub(lambda _: f"only_mutate = {json.dumps(modules)}", text),
-                         encoding="utf-8")
+    text = listed.sub(lambda _: f"only_mutate = {json.dumps(modules)}", text)
+    selection = re.compile(r"^pytest_add_cli_args_test_selection = (\[.*?\])$",
+                           re.MULTILINE | re.DOTALL)
+    found = selection.findall(text)
+    assert len(found) == 1, "[tool.mutmut] pytest_add_cli_args_test_selection: one list"
+    options = [a for a in json.loads(found[0]) if not a.endswith(".py")]
+    pyproject.write_text(selection.sub(
+        lambda _: f"pytest_add_cli_args_test_selection = {json.dumps(tests + options)}",
+        text), encoding="utf-8")
 
 
 def run_mutmut(workdir: Path, jobs: int) -> float:
@@ -274,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only {args.only} matches no module of [tool.mutmut] only_mutate")
     if args.record and args.report_only:
         parser.error("--record needs a run (a finished workdir may hold other sources)")
-    digests = {m: input_hash(ROOT, m) for m in modules}
+    try:
+        groups = groups_of(ROOT)
+        digests = {m: input_hash(ROOT, m) for m in modules}
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.changed_only:
         stamp = read_stamp(args.stamp)
         kept = []
@@ -296,11 +357,21 @@ def main(argv: list[str] | None = None) -> int:
         if not modules:
             print("mutation: every module's score stands (tools/mutation-stamp.json)")
             return 0
-    if not args.report_only:
-        prepare(args.workdir, modules)
-        elapsed = run_mutmut(args.workdir, args.jobs)
-        print(f"mutmut wall time: {elapsed:.0f} s with {args.jobs} jobs")
-    rows, survivors = scores(args.workdir, modules)
+    rows: list[Score] = []
+    survivors: dict[str, list[str]] = {}
+    for i, (members, tests) in enumerate(groups):
+        chosen = [m for m in modules if m in members]
+        if not chosen:
+            continue
+        workdir = args.workdir / str(i)
+        if not args.report_only:
+            prepare(workdir, chosen, tests)
+            elapsed = run_mutmut(workdir, args.jobs)
+            print(f"mutmut wall time: {elapsed:.0f} s with {args.jobs} jobs "
+                  f"({len(chosen)} module(s) against {len(tests)} test file(s))")
+        found, missed = scores(workdir, chosen)
+        rows += found
+        survivors.update(missed)
     print(table(rows))
     if args.survivors:
         for name in (n for names in survivors.values() for n in names):

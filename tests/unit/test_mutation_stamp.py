@@ -1,8 +1,9 @@
 """The mutation gate's stamp: CI skips a module only when nothing its score depends on moved.
 
 ``tools/mutation_score.py --changed-only`` trusts a recorded score for a module only while
-the hash of the module's source, the test files, the ``[tool.mutmut]`` settings and the
-tool itself is the one recorded with it.
+the hash of the module's source, the test files of its group
+(``[[tool.mutation_score.group]]``), the ``[tool.mutmut]`` settings and the tool itself is
+the one recorded with it; another group's tests do not move it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def project(tmp_path: Path) -> Path:
     (root / MODULE).parent.mkdir(parents=True)
     shutil.copy2(ROOT / MODULE, root / MODULE)
     (root / "src" / "cpmatrix" / "other.py").write_text("x = 1\n")
+    _append(root / "pyproject.toml", '\n[[tool.mutation_score.group]]\n'
+            'modules = ["src/cpmatrix/other.py"]\ntests = ["tests/unit/test_repeated.py"]\n')
     return root
 
 
@@ -58,12 +61,23 @@ def test_the_hash_moves_with_the_mutmut_settings(project: Path) -> None:
     before = tool.input_hash(project, MODULE)
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace(
-        '"-m", "not slow and not docker",', '"-m", "not slow",'))
+        '"-m", "not slow and not docker"]', '"-m", "not slow"]'))
     assert tool.input_hash(project, MODULE) != before
 
 
 def test_the_hash_ignores_what_the_score_does_not_depend_on(project: Path) -> None:
     before = tool.input_hash(project, MODULE)
+    gate = "src/cpmatrix/gate/_checks.py"
+    (project / gate).parent.mkdir(parents=True)
+    shutil.copy2(ROOT / gate, project / gate)
+    gate_before = tool.input_hash(project, gate)
+    _append(project / "tests" / "unit" / "test_gate.py", "\n# edited\n")  # another group's
+    assert tool.input_hash(project, gate) != gate_before, "the gate's own test moved"
+    pyproject = project / "pyproject.toml"  # a module added to the mutated list
+    pyproject.write_text(pyproject.read_text().replace(
+        '"src/cpmatrix/repeated.py",\n]', '"src/cpmatrix/repeated.py",\n    "src/x.py",\n]'))
+    _append(pyproject, '\n[[tool.mutation_score.group]]\nmodules = ["src/x.py"]\n'
+            'tests = ["tests/unit/test_gate.py"]\n')
     _append(project / "src" / "cpmatrix" / "other.py", "y = 2\n")
     (project / "README.md").write_text("docs\n")
     (project / "tests" / "unused_helper.py").write_text("x = 1\n")  # no judging test imports it
@@ -104,7 +118,7 @@ def fake_mutmut(monkeypatch: pytest.MonkeyPatch, project: Path) -> _Calls:
     monkeypatch.setattr(tool, "ROOT", project)
     monkeypatch.setattr(tool, "modules_of", lambda _p: [MODULE, "src/cpmatrix/other.py"])
 
-    def prepare(_workdir: Path, modules: list[str]) -> None:
+    def prepare(_workdir: Path, modules: list[str], _tests: list[str]) -> None:
         calls.mutated.extend(modules)
 
     def scores(_workdir: Path, modules: list[str]) -> tuple[list[Any], dict[str, Any]]:
@@ -149,3 +163,39 @@ def test_the_repository_stamp_is_readable() -> None:
     stamp = tool.read_stamp(tool.STAMP)
     configured = set(tool.modules_of(ROOT / "pyproject.toml"))
     assert set(stamp) <= configured
+
+
+def test_a_module_no_group_judges_is_a_config_error(
+        project: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(
+        '"src/cpmatrix/repeated.py",\n]', '"src/cpmatrix/repeated.py",\n    "src/x.py",\n]'))
+    monkeypatch.setattr(tool, "ROOT", project)
+    assert tool.main(["--changed-only", "--stamp", str(project / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no [[tool.mutation_score.group]] names the tests that judge src/x.py" in err
+
+
+def test_a_missing_test_file_of_a_group_is_a_config_error(project: Path) -> None:
+    (project / "tests" / "unit" / "test_repeated.py").unlink()
+    with pytest.raises(tool.ConfigError, match="no such test file tests/unit/test_repeated.py"):
+        tool.groups_of(project)
+
+
+def test_each_group_runs_against_exactly_its_tests(project: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workdir's mutmut settings: only the group's modules, only its tests (with the
+    selection's options kept)."""
+    for name in ("README.md",):
+        (project / name).write_text("x\n")
+    for name in ("matrix", "docs"):
+        (project / name).mkdir()
+    monkeypatch.setattr(tool, "ROOT", project)
+    tool.prepare(project / "w", ["src/cpmatrix/other.py"], ["tests/unit/test_repeated.py"])
+    import tomllib
+
+    mutmut = tomllib.loads((project / "w" / "pyproject.toml").read_text())["tool"]["mutmut"]
+    assert mutmut["only_mutate"] == ["src/cpmatrix/other.py"]
+    assert mutmut["pytest_add_cli_args_test_selection"] == [
+        "tests/unit/test_repeated.py", "-m", "not slow and not docker"]
