@@ -18,7 +18,8 @@ PACKAGE = SRC / "cpmatrix"
 #: Bottom to top. A module may import its own layer and the ones below.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
-     "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.layout", "cpmatrix.__main__"),
+     "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.layout", "cpmatrix.defaults",
+     "cpmatrix.__main__"),
     # With the spec: the pytest front's pure parts (matrix/pytest_*.py: a pytest target's
     # cells, their sources, the verdict over the ranks' reports, the collector's driver).
     ("cpmatrix.matrix",),

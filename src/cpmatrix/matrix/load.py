@@ -21,6 +21,7 @@ from typing import Final
 
 import yaml
 
+from cpmatrix.defaults import TIMEOUT_S
 from cpmatrix.errors import SpecError
 from cpmatrix.matrix.axes import axis_list, axis_value, extra_value_text, where_of
 from cpmatrix.matrix.clauses import clause
@@ -198,7 +199,7 @@ def _target(
                         f"{path}.level")
     kind = _kind(ctx, fields, path, pytest)
     tags = _tags(ctx, fields, path)
-    timeout_s = 300
+    timeout_s = TIMEOUT_S
     if "timeout" in fields:
         timeout_s = _timeout(ctx, fields["timeout"][1], f"{path}.timeout")
     target_platforms = _platforms_of_target(ctx, fields, path, platforms)

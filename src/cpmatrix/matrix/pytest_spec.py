@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from cpmatrix.defaults import TIMEOUT_S
 from cpmatrix.digest import canonical_json, cell_digest_from_parts
 from cpmatrix.matrix.cellid import format_cell_id
 from cpmatrix.matrix.schema import MAX_TIMEOUT_S, PYTEST_CASE, Cell, Mesh, Platform
@@ -55,7 +56,7 @@ DIALECTS: Final = ("torch", "torch_continuous", "marker", "deepspeed", "local")
 #: The tag of a test that opted out of sharing (``@pytest.mark.isolated_world``).
 ISOLATED_TAG: Final = "isolated_world"
 #: The timeout of a test that names none (MultiProcessTestCase's own default).
-DEFAULT_TIMEOUT_S: Final = 300
+DEFAULT_TIMEOUT_S: Final = TIMEOUT_S
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from cpmatrix.cell import TORCH_DTYPES
+from cpmatrix.defaults import TIMEOUT_S
 
 __all__ = [
     "ALLOWED_KEYS",
@@ -147,8 +148,8 @@ ARCHS: Final[Mapping[str, int]] = MappingProxyType({
     "sm_90": 90, "sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_120a": 120,
 })
 
-#: Bazel's test-size timeouts, per cell.
-TIMEOUT_CLASSES: Final = {"short": 60, "moderate": 300, "long": 900, "eternal": 3600}
+#: Bazel's test-size timeouts, per cell (a target naming none gets ``moderate``'s).
+TIMEOUT_CLASSES: Final = {"short": 60, "moderate": TIMEOUT_S, "long": 900, "eternal": 3600}
 #: The longest timeout a cell may declare (one day): a bound, so that a typo such as
 #: ``1e38`` is a spec error at load time rather than an overflow inside the ranks.
 MAX_TIMEOUT_S: Final = 86400
@@ -293,7 +294,7 @@ class Target:
     level: str
     kind: str = "parity"
     tags: tuple[str, ...] = ()
-    timeout_s: int = 300
+    timeout_s: int = TIMEOUT_S
     #: Platform names this target may run on; empty means every platform.
     platforms: tuple[str, ...] = ()
     #: Standard axis values (mesh, dtype, autocast, path) after defaults are applied.

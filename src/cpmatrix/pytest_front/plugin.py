@@ -41,9 +41,9 @@ _TIMEOUT_MARKER = ("timeout(seconds): fail the test when it runs longer (read by
 
 def pytest_addoption(parser: Any) -> None:
     # Here, not at the top: the plugin loads in every pytest run, --cpmatrix or not.
-    from cpmatrix.run.settings import FaultTimings, Launcher, choices
+    from cpmatrix.defaults import TIMEOUT_S
+    from cpmatrix.run.options import add_pytest_options
 
-    grace = FaultTimings().abort_grace_s
     group = parser.getgroup("cpmatrix", "multi-rank tests in cpmatrix's persistent worlds")
     group.addoption("--cpmatrix", action="store_true", default=False,
                     help="run the multi-rank tests (torch's MultiProcessTestCase family, "
@@ -54,20 +54,12 @@ def pytest_addoption(parser: Any) -> None:
                     "<rootdir>/.cpmatrix/pytest)")
     group.addoption("--cpmatrix-timeout", metavar="S", type=float, default=None,
                     help="timeout of a multi-rank test without a timeout marker (default: "
-                    "pytest-timeout's --timeout if set, else 300)")
-    group.addoption("--cpmatrix-world-ranks", metavar="N", type=int, default=None,
-                    help="ranks per world, for tests to run side by side on (default: the "
-                    "widest test's)")
-    group.addoption("--cpmatrix-runner", default="local",
-                    help="how worlds are isolated: local, sandbox, docker (default: local)")
-    group.addoption("--cpmatrix-launcher", default="fork", choices=choices(Launcher),
-                    help="how ranks start (default: fork)")
+                    f"pytest-timeout's --timeout if set, else {TIMEOUT_S})")
+    # --cpmatrix-world-ranks, -runner, -launcher, -abort-grace: declared with the CLI's.
+    add_pytest_options(group)
     group.addoption("--cpmatrix-device", default="auto", choices=("auto", "cpu", "cuda"),
                     help="cpu (gloo) or cuda (nccl; one GPU per rank); auto: cuda when a "
                     "GPU is visible")
-    group.addoption("--cpmatrix-abort-grace", metavar="S", type=float, default=grace,
-                    help="seconds the other ranks get to finish a test after one rank "
-                    f"failed it (then the world is torn down; default: {grace:g})")
     group.addoption("--cpmatrix-cache", action="store_true", default=False,
                     help="reuse cpmatrix's cached passes (off: a pytest run runs its tests)")
 
@@ -98,6 +90,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def _controller(config: Any) -> Any:
+    from cpmatrix.defaults import TIMEOUT_S
     from cpmatrix.errors import UsageError
     from cpmatrix.pytest_front.adapter import FrontSettings, platform_for
     from cpmatrix.pytest_front.controller import Controller
@@ -113,13 +106,10 @@ def _controller(config: Any) -> Any:
     timeout = config.getoption("cpmatrix_timeout")
     if timeout is None:
         native = config.getoption("timeout", None)  # pytest-timeout's --timeout / ini
-        timeout = float(native) if native else 300.0
+        timeout = float(native) if native else float(TIMEOUT_S)
     try:
-        options = RunOptions(
-            no_cache=not config.getoption("cpmatrix_cache"), runner=config.getoption(
-                "cpmatrix_runner"), launcher=config.getoption("cpmatrix_launcher"),
-            world_ranks=config.getoption("cpmatrix_world_ranks"),
-            abort_grace_s=config.getoption("cpmatrix_abort_grace"), plain=True)
+        options = RunOptions.from_pytest(
+            config.getoption, no_cache=not config.getoption("cpmatrix_cache"), plain=True)
     except UsageError as exc:
         raise pytest.UsageError(f"cpmatrix: {exc}") from None
     settings = FrontSettings(out=out_path, rootdir=Path(config.rootpath), options=options)

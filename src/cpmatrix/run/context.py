@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cpmatrix.defaults import LAUNCHER
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.settings import FaultTimings, Launcher
@@ -36,7 +37,7 @@ class RunContext:
     #: The interpreter that launches the children (``--python``).
     python: str = sys.executable
     #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.remote.forkrun`) or ``torchrun``.
-    launcher: Launcher = "fork"
+    launcher: Launcher = LAUNCHER
     #: The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
     pythonpath: tuple[str, ...] = ()
     #: The matrix's own pythonpath folders: modules a cell imports from them are

@@ -27,14 +27,14 @@ import dataclasses
 import os
 import shutil
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpmatrix.defaults import LAUNCHER, RUNNER
 from cpmatrix.errors import UsageError
 from cpmatrix.run.balance import parse_shard
 from cpmatrix.run.ordering import parse_order
-from cpmatrix.run.remote_cache import RemoteSettings
 from cpmatrix.run.settings import (
     PLAN_DEFAULTS,
     CacheSettings,
@@ -48,7 +48,8 @@ from cpmatrix.run.settings import (
     choices,
 )
 
-__all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_run_arguments", "resolve_interpreter"]
+__all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_pytest_options", "add_run_arguments",
+           "resolve_interpreter"]
 
 #: How a world's ranks are started (see docs/worlds.md for the measured choice).
 LAUNCHERS = choices(Launcher)
@@ -60,8 +61,11 @@ _SLURM = SlurmSettings()
 _CACHE = CacheSettings()
 
 
-def _flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
-    return {"flag": flag, "help": help, "argparse": argparse_kwargs}
+def _flag(flag: str, help: str, *, pytest: tuple[str, str] | None = None,
+          **argparse_kwargs: Any) -> dict[str, Any]:
+    """A field's flag: its name, help and argparse arguments; ``pytest``: its name and
+    help on the pytest front too (the same type, choices, metavar and default)."""
+    return {"flag": flag, "help": help, "argparse": argparse_kwargs, "pytest": pytest}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,13 +80,16 @@ class RunOptions:
         metavar="N", type=int))
     jobs: int = field(default=1, metadata=_flag(
         "--jobs", "worlds (jobs) run at once", metavar="N", type=int))
-    runner: RunnerChoice = field(default="local", metadata=_flag(
+    runner: RunnerChoice = field(default=RUNNER, metadata=_flag(
         "--runner", "how worlds are isolated: local, sandbox, docker, or auto "
-        "(docker > sandbox > local; default: %(default)s)"))
-    launcher: Launcher = field(default="fork", metadata=_flag(
+        "(docker > sandbox > local; default: %(default)s)",
+        pytest=("--cpmatrix-runner", "how worlds are isolated: local, sandbox, docker "
+                f"(default: {RUNNER})")))
+    launcher: Launcher = field(default=LAUNCHER, metadata=_flag(
         "--launcher", "how a local world's ranks start: fork (one parent imports torch "
         "once, then forks the ranks) or torchrun (default: %(default)s)",
-        choices=LAUNCHERS))
+        choices=LAUNCHERS,
+        pytest=("--cpmatrix-launcher", f"how ranks start (default: {LAUNCHER})")))
     pack: Packing = field(default="slots", metadata=_flag(
         "--pack", "how a world runs its cells: slots (cells on disjoint ranks at once, "
         "each in a process group of its own ranks, packed widest and longest first) or "
@@ -90,7 +97,9 @@ class RunOptions:
     world_ranks: int | None = field(default=None, metadata=_flag(
         "--world-ranks", "ranks each world launches, for cells to run side by side on "
         "(default: the widest cell's on cpu; on cuda every GPU of the host, or of a "
-        "Slurm node, in one world)", metavar="N", type=int))
+        "Slurm node, in one world)", metavar="N", type=int,
+        pytest=("--cpmatrix-world-ranks", "ranks per world, for tests to run side by side "
+                "on (default: the widest test's)")))
     mutants: bool = field(default=False, metadata=_flag(
         "--mutants", "also run each cell once per declared mutant; a surviving mutant fails",
         action="store_true"))
@@ -129,7 +138,10 @@ class RunOptions:
         "--plain", "plain progress lines even on a terminal", action="store_true"))
     abort_grace_s: float = field(default=_TIMINGS.abort_grace_s, metadata=_flag(
         "--abort-grace", "seconds the other ranks get to finish a cell after one rank "
-        "failed it (then the world is torn down)", metavar="S", type=float))
+        "failed it (then the world is torn down)", metavar="S", type=float,
+        pytest=("--cpmatrix-abort-grace", "seconds the other ranks get to finish a test "
+                "after one rank failed it (then the world is torn down; default: "
+                f"{_TIMINGS.abort_grace_s:g})")))
     startup_timeout_s: float = field(default=_TIMINGS.startup_timeout_s, metadata=_flag(
         "--startup-timeout", "seconds a world may take to start its first cell",
         metavar="S", type=float))
@@ -224,6 +236,10 @@ class RunOptions:
         if self.order is not None:
             parse_order(self.order)
         if self.remote_cache:  # checked at parse time: a bad URL is exit 2 before any run
+            # Imported here: the pytest plugin reads these declarations in every pytest
+            # run, and the HTTP client is most of their import time.
+            from cpmatrix.run.remote_cache import RemoteSettings
+
             RemoteSettings.parse(self.remote_cache)
         # Once, here: the worlds run in folders of their own (frozen: set in place).
         for name in ("out", "cache_dir", "durations_from"):
@@ -272,6 +288,14 @@ class RunOptions:
             values.pop("slurm_args", None)
         return cls(**values)
 
+    @classmethod
+    def from_pytest(cls, getoption: Callable[[str], Any], **given: Any) -> RunOptions:
+        """The options :func:`add_pytest_options` declared, read with pytest's
+        ``config.getoption``; ``given``: the fields the pytest front sets itself."""
+        values = {f.name: getoption(_pytest_dest(f.metadata["pytest"][0]))
+                  for f in dataclasses.fields(cls) if f.metadata["pytest"] is not None}
+        return cls(**values, **given)
+
 
 def resolve_interpreter(python: str) -> str:
     """``--python`` as an absolute path (not following links: a venv's ``bin/python`` is a
@@ -311,3 +335,18 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
         default = None if kwargs.pop("dest_default", None) is not None else f.default
         parser.add_argument(meta["flag"], dest=f.name, default=default, help=meta["help"],
                             **kwargs)
+
+
+def add_pytest_options(group: Any) -> None:
+    """The pytest front's flags of the fields that have one (``--cpmatrix-runner``, ...),
+    on a pytest option group: the CLI flag's type, choices, metavar and default, under
+    the front's name and help (:meth:`RunOptions.from_pytest` reads them back)."""
+    for f in dataclasses.fields(RunOptions):
+        if f.metadata["pytest"] is not None:
+            flag, help = f.metadata["pytest"]
+            group.addoption(flag, default=f.default, help=help, **f.metadata["argparse"])
+
+
+def _pytest_dest(flag: str) -> str:
+    """Where pytest keeps a flag's value (``--cpmatrix-runner`` -> ``cpmatrix_runner``)."""
+    return flag.lstrip("-").replace("-", "_")

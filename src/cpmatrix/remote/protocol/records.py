@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
+from cpmatrix.defaults import TIMEOUT_S
 from cpmatrix.fsutil import atomic_write_json, read_json
 
 if TYPE_CHECKING:  # the ranks never import the spec's modules
@@ -94,7 +95,7 @@ class CellSpec(_Json):
     path: str = "reference"
     params: dict[str, Any] = field(default_factory=dict)
     platform: str = "cpu"
-    timeout_s: int = 300
+    timeout_s: int = TIMEOUT_S
     #: The planted bug switched on for this run ("" for none).
     mutant: str = ""
     #: Which run of the cell (``--runs-per-test``): 1..N; its seed derives from it.
