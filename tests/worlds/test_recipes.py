@@ -71,6 +71,27 @@ def test_a_recipe_imports_only_the_public_toolkit(path: Path) -> None:
                 assert name in ("cpmatrix.parity", "cpmatrix.cell"), (path.name, name)
 
 
+def _serial_mlps() -> dict[str, str]:
+    """Each recipe's ``class MLP`` (the serial twin), its docstring left out, as AST."""
+    found = {}
+    for path in sorted(RECIPES.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name == "MLP":
+                body = [n for n in node.body if not (isinstance(n, ast.Expr)
+                                                      and isinstance(n.value, ast.Constant))]
+                found[path.name] = ast.dump(ast.Module(body=body, type_ignores=[]))
+    return found
+
+
+def test_the_recipes_copies_of_the_serial_mlp_twin_are_one_module() -> None:
+    """Each recipe is a self-contained module users copy (the test above), so the MLP twin
+    is written out in each that needs it; the copies are the same code, so a fix to one
+    is a fix to all, and a recipe's verdicts compare like with like."""
+    copies = _serial_mlps()
+    assert len(copies) >= 4, copies.keys()
+    assert len(set(copies.values())) == 1, sorted(copies)
+
+
 def test_the_matrix_runs_every_recipe_with_its_planted_bugs() -> None:
     targets = _targets()
     assert {t["name"] for t in targets} == set(KILLED_BY)

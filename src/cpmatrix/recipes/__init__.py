@@ -10,5 +10,8 @@ Each module is one pattern, a self-contained case written with the public toolki
 - :mod:`.ulysses` - attention with all-to-all between sequence and head shards;
 - :mod:`.ddp` - replicated parameters with a gradient all-reduce over the mesh.
 
+Each module stands alone, so that it can be copied alone: the serial MLP twin is written
+out in each recipe that uses it (a test keeps the copies identical).
+
 Importing this package imports nothing; each recipe imports torch.
 """
