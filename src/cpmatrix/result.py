@@ -181,7 +181,7 @@ class Result:
         if self.runs:
             d["run_failures"] = list(self.run_failures)
             d["run_statuses"] = [s.value for s in self.run_statuses]
-        else:  # a plain run's row as before runs per test existed
+        else:  # only a repeated run's rows carry these (from_dict reads them back as 0)
             for key in ("runs", "runs_passed", "run_failures", "run_statuses"):
                 del d[key]
         if not self.repro:

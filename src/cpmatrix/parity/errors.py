@@ -58,7 +58,8 @@ class Check(StrEnum):
     DTYPE_PATH = "dtype_path"  # property: the dtypes a Function/module really computes in
 
 
-#: Every :class:`Check`, in its order (the names as before the enum).
+#: Every :class:`Check`'s name, in its order: the strings that results, reports and the
+#: gate store (a ``Check`` member equals its string).
 CHECKS: tuple[str, ...] = tuple(c.value for c in Check)
 
 

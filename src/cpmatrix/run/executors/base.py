@@ -7,9 +7,9 @@ Every job keeps the same promises: each entry ends as exactly one result, or is 
 back (``remaining``) to run in a fresh job after a fault that was not its own;
 ``start_failed`` says the job never started a cell (the session retries it).
 
-Two executors exist: ``world`` (torchrun worlds running parity and property cases) and
-``compile`` (Triton AOT compiles + ptxas for spill cells). A new one (packed worlds, a
-remote scheduler's jobs) is a new class registered here; the session loop is unchanged.
+The executors are listed in :data:`cpmatrix.run.executors.EXECUTORS`, one per kind of
+cell. The protocol is what lets the session stay kind-blind: a new kind of cell is a new
+class registered there, and the session loop does not change.
 """
 
 from __future__ import annotations

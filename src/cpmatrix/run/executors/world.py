@@ -78,7 +78,8 @@ def cell_spec(entry: Entry) -> CellSpec:
 
 
 class WorldRun:
-    """One torchrun launch over ``entries``; poll it until ``finished``."""
+    """One launch of a world (its ranks started by the run's launcher, fork or torchrun)
+    over ``entries``; poll it until ``finished``."""
 
     #: ``WorldSpec.prepare``: what every rank sets up before its first cell (a subclass's).
     prepare = ""
@@ -419,7 +420,8 @@ class WorldRun:
             # cells (a recycle): the rest runs in a fresh world.
             if not self.progress.starts:
                 self.start_failed = True
-                self.start_error = reason or "torchrun exited before any cell started"
+                self.start_error = reason or (
+                    f"the world's {self.context.launcher} launcher exited before any cell started")
             self._hand_back()
             return
         # The first rank that died (the launcher's root cause, else by pid; world ranks)
@@ -439,7 +441,8 @@ class WorldRun:
             self._hand_back()
             return
         # Nobody seen dying (no root cause, pids not watchable): the earliest cell in
-        # flight, as before slots; a crash is rerun alone, so a wrong guess ends FLAKY.
+        # flight is the likeliest (it ran longest); a crash is rerun alone, so a wrong
+        # guess ends FLAKY, never a false FAIL.
         i = culprits[0] if culprits else flying[0]
         entry = self.entries[i]
         outs = self._outcomes(i)
