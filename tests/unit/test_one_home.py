@@ -149,3 +149,43 @@ def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
                     and rel not in homes.get(node.func.id, {rel}):
                 found.append(f"{rel}:{node.lineno}: {node.func.id}(...)")
     assert not found, "use CellSpec.from_cell / CellContext.from_spec:\n" + "\n".join(found)
+
+
+#: Who may call what puts a run together: the pipeline's assemble() is the one path of
+#: every front (run, repro, the pytest plugin), and the context is made once, whole.
+ASSEMBLY = {"prepare_run": {"run/pipeline.py"}, "run_cells": {"run/pipeline.py"},
+            "make_context": {"run/pipeline.py"}, "RunContext": {"run/setup.py"}}
+
+
+def _calls(source: str, homes: dict[str, set[str]], rel: str) -> list[str]:
+    """Calls of ``homes``' names outside their homes, and ``replace(...)`` of a context."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else \
+            node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        if rel not in homes.get(name, {rel}):
+            found.append(f"{rel}:{node.lineno}: {name}(...)")
+        elif name == "replace" and node.args and ast.unparse(node.args[0]).split(".")[-1] \
+                in ("context", "ctx"):
+            found.append(f"{rel}:{node.lineno}: replace({ast.unparse(node.args[0])}, ...)")
+    return found
+
+
+def test_a_run_is_assembled_in_one_place_and_its_context_made_once() -> None:
+    found = [f for rel, p in _sources() for f in _calls(p.read_text(), ASSEMBLY, rel)]
+    assert not found, "a run is put together by run/pipeline.py's assemble():\n" + \
+        "\n".join(found)
+
+
+def test_the_assembly_scan_sees_a_second_path() -> None:
+    planted = ("def execute_again(options, matrix, cells, claim, context):\n"
+               "    prepared = prepare_run(options, matrix, cells, claim)\n"
+               "    context = replace(context, pack=None)\n"
+               "    return run_cells(prepared.cells, {}, context)\n")
+    assert _calls(planted, ASSEMBLY, "cli/run.py") == [
+        "cli/run.py:2: prepare_run(...)", "cli/run.py:3: replace(context, ...)",
+        "cli/run.py:4: run_cells(...)"]
+    assert _calls(planted, ASSEMBLY, "run/pipeline.py") == [
+        "run/pipeline.py:3: replace(context, ...)"]

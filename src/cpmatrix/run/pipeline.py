@@ -1,6 +1,10 @@
 """The run's front door: claim -> shard -> order -> prepare -> pack -> schedule -> run ->
 report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
 
+Every front's run is put together by one function, :func:`assemble` (prepare, pack,
+schedule, the :class:`~cpmatrix.run.context.RunContext` made once); what differs between
+the fronts is a :class:`_Front`. docs/architecture.md ("A run's stages") draws the whole.
+
 A front parses its input into :class:`~cpmatrix.run.options.RunOptions` and the selected
 cells, calls one function here and prints what it is told through its :class:`Hooks`
 (the lines of the run, its progress, its summary). Nothing else of the run is the
@@ -31,16 +35,18 @@ from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
+from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import plan_all
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim, claim_out
+from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.provenance import cell_digests, run_source
 from cpmatrix.run.schedulers import Scheduler, scheduler_for
 from cpmatrix.run.session import JobPool, Known, Watch, run_cells
-from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec, prepare_run
+from cpmatrix.run.setup import PreparedRun, devices_for, make_context, pack_spec, prepare_run
 from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
 from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
@@ -95,6 +101,65 @@ class _Narrowed:
     order: Order | None
 
 
+@dataclass(frozen=True)
+class _Front:
+    """What differs between the fronts' runs; everything else is assembled alike."""
+
+    #: The flags a failing cell's repro line carries after its id (None: no line).
+    repro: tuple[str, ...] | None = None
+    #: The scheduler places the worlds, packed by ``--pack``/``--world-ranks`` (``repro``:
+    #: its cells in one world here, packed by the defaults, whatever those flags say).
+    scheduled: bool = True
+    #: A Slurm split weighs the worlds by the recorded durations (the pytest front's by
+    #: its cells alone).
+    weighed: bool = True
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A run made whole before it starts: the prepared cells, the run's context (made
+    once), the job pool, and what is known of the cells."""
+
+    prepared: PreparedRun
+    context: RunContext
+    pool: JobPool
+    known: Known
+    #: A line saying where the worlds run ("" for this host).
+    note: str = ""
+
+    def run(self, options: RunOptions, watch: Watch) -> RunReport:
+        """The cells, run (:func:`~cpmatrix.run.session.run_cells`)."""
+        return run_cells(self.prepared.cells, self.prepared.platforms, self.context,
+                         plan=options.planning, pool=self.pool, known=self.known,
+                         watch=watch)
+
+
+def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: OutClaim,
+             scheduler: Scheduler, recorded: Recorded, front: _Front, *,
+             keys: ActionKeys | None = None, selection: Sequence[Cell] | None = None,
+             order: str = "") -> Assembled:
+    """The one way every front's run is put together: prepare (devices, runner, sources,
+    cache: :func:`~cpmatrix.run.setup.prepare_run`), pack, schedule, and the
+    :class:`RunContext` made once from all of it."""
+    prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
+                           selection=selection, order=order, scheduler=scheduler)
+    # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
+    pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
+                     scheduler=scheduler) if front.scheduled else PackSpec()
+    runner, pool, note = prepared.runner, JobPool(devices=prepared.devices), ""
+    if front.scheduled:
+        scheduling = scheduler.schedule(
+            prepared.runner, prepared.out, prepared.cells, devices=prepared.devices,
+            durations=recorded.durations if front.weighed else dict)
+        runner, pool, note = scheduling.runner, scheduling.pool, scheduling.note
+    context = make_context(matrix, prepared.out, runner, options, claim.run_id,
+                           sources=prepared.sources, order=order, pack=pack,
+                           durations=recorded.planning(pack), repro=front.repro)
+    known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
+                  skipped=prepared.skipped, recorded=recorded.merged())
+    return Assembled(prepared=prepared, context=context, pool=pool, known=known, note=note)
+
+
 def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> int:
     """Run what ``choose`` selects (``--dry-run``: plan it) and return the exit code.
 
@@ -120,12 +185,11 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
             return plan_only(narrowed.cells, {p.name: p for p in chosen.matrix.platforms},
                              options, hooks, order=narrowed.order, scheduler=scheduler,
                              recorded=recorded)
-        prepared = prepare_run(options, chosen.matrix, narrowed.cells, claim,
-                               keys=narrowed.keys, selection=narrowed.selection,
-                               order=str(narrowed.order or ""), scheduler=scheduler)
-        prepared.context = replace(prepared.context, repro=chosen.repro)
-        report, stopped = _run_prepared(options, prepared, scheduler, recorded, hooks)
-    return _exit_code(report, stopped, prepared, hooks)
+        run = assemble(options, chosen.matrix, narrowed.cells, claim, scheduler, recorded,
+                       _Front(repro=chosen.repro), keys=narrowed.keys,
+                       selection=narrowed.selection, order=str(narrowed.order or ""))
+        report, stopped = _run_assembled(options, run, hooks)
+    return _exit_code(report, stopped, run.prepared, hooks)
 
 
 @contextmanager
@@ -179,40 +243,30 @@ def _last_failed(out: Path) -> set[str]:
         return set()
 
 
-def _run_prepared(options: RunOptions, prepared: PreparedRun, scheduler: Scheduler,
-                  recorded: Recorded, hooks: Hooks) -> tuple[RunReport, int | None]:
-    """Pack, schedule and run the prepared cells; report.html, the cache's uploads and the
-    summary after. (The report, and the signal that stopped the run.)"""
-    # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
-    pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
-                     scheduler=scheduler)
+def _run_assembled(options: RunOptions, run: Assembled, hooks: Hooks
+                   ) -> tuple[RunReport, int | None]:
+    """Run the assembled cells; report.html, the cache's uploads and the summary after.
+    (The report, and the signal that stopped the run.)"""
+    prepared = run.prepared
     if prepared.skipped:
         hooks.warn(f"skipping {len(prepared.skipped)} cuda cells wider than the "
                    f"{prepared.devices} GPU(s) visible (one rank per GPU); they are reported "
                    "as skipped")
     hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
-    scheduling = scheduler.schedule(replace(prepared.context, pack=pack), prepared.cells,
-                                    devices=prepared.devices,
-                                    durations=recorded.durations)
-    if scheduling.note:
-        hooks.say(scheduling.note)
+    if run.note:
+        hooks.say(run.note)
     if options.runs_per_test > 1:
         hooks.say(f"runs per test: {options.runs_per_test} (each of the "
                   f"{len(prepared.cells)} cells runs that often; runs that disagree make it "
                   "FLAKY)")
-    known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
-                  skipped=prepared.skipped,
-                  recorded=recorded.history())
     with stop_on_signals() as stopper:
         try:
-            report = run_cells(prepared.cells, prepared.platforms, scheduling.context,
-                               plan=options.planning, pool=scheduling.pool, known=known,
-                               watch=Watch(on_start=hooks.start, on_result=hooks.result,
-                                           on_launch=hooks.launched, stopper=stopper,
-                                           maxfail=options.maxfail))
+            report = run.run(options, Watch(on_start=hooks.start, on_result=hooks.result,
+                                            on_launch=hooks.launched, stopper=stopper,
+                                            maxfail=options.maxfail))
         finally:
             hooks.done()
-        _finish(recorded.out, prepared, report, hooks)
+        _finish(prepared.out, prepared, report, hooks)
     return report, stopper.signum
 
 
@@ -258,12 +312,12 @@ def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: Run
               recorded: Recorded) -> int:
     """``--dry-run``: print the plan each executor makes (the busiest first); run nothing."""
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
-    # With --order the worlds are planned without recorded durations (as a real run).
-    durations = recorded.durations() if order is None else {}
-    slots = scheduler.worlds(fits, lambda: durations)
+    # Split, packed and weighed as a real run's (assemble()).
+    slots = scheduler.worlds(fits, recorded.durations)
     pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
     runs = options.planning.runs  # each run is an entry of the plan, as in a real run
-    plans = plan_all(fits, options.planning, durations=durations, worlds=slots, pack=pack)[::-1]
+    plans = plan_all(fits, options.planning, durations=recorded.planning(pack), worlds=slots,
+                     pack=pack)[::-1]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     times = f" x {runs} runs" if runs > 1 else ""
     hooks.say(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} "
@@ -322,20 +376,22 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
     cached, in one world here."""
     scheduler = scheduler_for(options)
     with _claimed(options) as claim:
-        prepared = prepare_run(options, matrix, list(cells), claim, scheduler=scheduler)
+        # One world, here, whatever the options' scheduler: repro reruns its cells.
+        run = assemble(options, matrix, cells, claim, scheduler,
+                       Recorded(options, claim.path), _Front(scheduled=False))
+        prepared = run.prepared
         for cell, why in prepared.skipped:
             hooks.warn(f"{cell.id}: cannot run here: {why}")
         if not prepared.cells:
             return Reproduced(report=None, code=ExitCode.USAGE)
         hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
         hooks.ready(prepared.runner.name)
-        # the unmutated cell first: a mutant is judged only against a green cell
+        # the unmutated cell first: a mutant is judged only against a green cell;
+        # the cells it cannot run were said above, not reported
         mutants = {cells[0].id: ["", mutant]} if mutant else None
+        run = replace(run, known=replace(run.known, mutants=mutants, skipped=()))
         with hooks.watching(claim.path), stop_on_signals() as stopper:
-            # One world, here, whatever the options' scheduler: repro reruns its cells.
-            report = run_cells(prepared.cells, prepared.platforms, prepared.context,
-                               pool=JobPool(devices=prepared.devices),
-                               known=Known(mutants=mutants), watch=Watch(stopper=stopper))
+            report = run.run(options, Watch(stopper=stopper))
     if report.stopped_by is not None:
         return Reproduced(report=report, code=exit_code_for(report.stopped_by))
     result = list(report.results.values())[-1]  # the mutant run, with --mutant
@@ -352,20 +408,11 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     meanwhile waits for it, then stops the run."""
     scheduler = scheduler_for(options)  # before --out is claimed, as a run does
     with _claimed(options) as claim:
-        prepared = prepare_run(options, matrix, list(cells), claim, scheduler=scheduler)
-        pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
-                         scheduler=scheduler)
-        # No recorded durations: a pytest run plans its worlds by the cells alone.
-        scheduling = scheduler.schedule(replace(prepared.context, pack=pack), prepared.cells,
-                                        devices=prepared.devices, durations=dict)
+        run = assemble(options, matrix, cells, claim, scheduler,
+                       Recorded(options, claim.path), _Front(weighed=False))
         with stop_on_signals() as stopper:
-            return run_cells(
-                prepared.cells, prepared.platforms, scheduling.context,
-                plan=options.planning, pool=scheduling.pool,
-                known=Known(cached=prepared.cached, store=prepared.store,
-                            skipped=prepared.skipped),
-                watch=Watch(on_result=_whole(stopper, on_result), on_start=on_start,
-                            stopper=stopper))
+            return run.run(options, Watch(on_result=_whole(stopper, on_result),
+                                          on_start=on_start, stopper=stopper))
 
 
 def _whole(stopper: Stopper, on_result: Callable[[Entry, Result], None]

@@ -22,15 +22,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Final, Protocol
 
 from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.run.context import RunContext
 from cpmatrix.run.devices import visible_cuda_devices
 from cpmatrix.run.executors import Executor, Job
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.plan import Batch, slot_plan
+from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.session import JobPool
 from cpmatrix.run.settings import SchedulerName
 from cpmatrix.run.slurm import (
@@ -50,8 +51,8 @@ Plans = Sequence[tuple[Executor, Sequence[Batch]]]
 class Scheduling:
     """What the session loop gets from the scheduler for one run."""
 
-    #: The run's context (under Slurm: its runner inside srun).
-    context: RunContext
+    #: The runner of the run's jobs (under Slurm: the run's runner inside srun).
+    runner: Runner
     #: Jobs in flight at once, the devices their pool holds, the world split and the
     #: wrapper that makes each job the scheduler's own.
     pool: JobPool
@@ -83,9 +84,10 @@ class Scheduler(Protocol):
                ) -> int:
         """How many worlds each platform's ``cells`` are split into."""
 
-    def schedule(self, context: RunContext, cells: Sequence[Cell], *, devices: int,
+    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
                  durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        """The run's context, pool, world split and job wrapper."""
+        """The jobs' runner (``runner`` as this scheduler starts it), the pool, the world
+        split and the job wrapper of a run into ``out``."""
 
     def describe(self, plans: Plans) -> str:
         """``--dry-run``'s schedule of the planned batches."""
@@ -123,9 +125,9 @@ class HostScheduler:
                ) -> int:
         return self.options.jobs
 
-    def schedule(self, context: RunContext, cells: Sequence[Cell], *, devices: int,
+    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
                  durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        return Scheduling(context=context, pool=replace(
+        return Scheduling(runner=runner, pool=replace(
             self.pool(devices), worlds=self.worlds(cells, durations)))
 
     def describe(self, plans: Plans) -> str:
@@ -164,18 +166,18 @@ class SlurmScheduler:
                ) -> int:
         return slurm_worlds(cells, durations(), self.settings.max_jobs)
 
-    def schedule(self, context: RunContext, cells: Sequence[Cell], *, devices: int,
+    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
                  durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        runner = SlurmRunner(context.runner, self.settings)
+        srun = SlurmRunner(runner, self.settings)
 
         def wrap(job: Job) -> Job:
-            return SlurmJob(job, runner)
+            return SlurmJob(job, srun)
 
         pool = replace(self.pool(devices), worlds=self.worlds(cells, durations), wrap_job=wrap)
         return Scheduling(
-            context=replace(context, runner=runner), pool=pool,
+            runner=srun, pool=pool,
             note=f"scheduler: slurm (each world one srun job, at most {pool.jobs} at once; "
-                 f"--out {context.out_root} must be shared with the nodes)")
+                 f"--out {out} must be shared with the nodes)")
 
     def describe(self, plans: Plans) -> str:
         return slurm_plan(plans, self.settings.max_jobs)

@@ -39,9 +39,7 @@ from cpmatrix.remote.procs import (
 )
 from cpmatrix.report.history import (
     CellHistory,
-    durations_of,
     load_run_history,
-    merge_histories,
     save_run_history,
     with_runs,
 )
@@ -105,7 +103,9 @@ class Known:
     #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
     #: visible, see :func:`cpmatrix.run.plan.fit_to_devices`): reported ``skipped``.
     skipped: Sequence[tuple[Cell, str]] = ()
-    #: Histories (``--durations``) beside ``out``'s own: to plan by, and to start from.
+    #: The run's recorded histories (:meth:`cpmatrix.run.sharding.Recorded.merged`), which
+    #: this run's history starts from; None: ``out``'s own, read here. (What the worlds
+    #: pack by is ``RunContext.durations``, made from the same.)
     recorded: Mapping[str, CellHistory] | None = None
 
 
@@ -151,12 +151,9 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     layout = RunLayout(out)
     for stale in layout.job_folders():
         shutil.rmtree(stale, ignore_errors=True)
-    # --durations (an earlier release's) first; this folder's own records win over it.
-    history = merge_histories([known.recorded or {}, load_run_history(out)])
-    # Worlds pack their cells onto their ranks by these (a handed-back rest included);
-    # with --order by none, so that one order always gives one placement.
-    planning = {} if context.pack.ordered else durations_of(history)
-    context = replace(context, durations=planning)
+    # As the run read it (--durations-from's under this folder's own); a direct caller's:
+    # this folder's own.
+    history = dict(known.recorded) if known.recorded is not None else load_run_history(out)
     session = _Session(context, platforms, pool=pool, store=known.store,
                        on_result=watch.on_result)
     session.watch = watch

@@ -2,13 +2,16 @@
 
 From the options and the selected cells to what :func:`~cpmatrix.run.session.run_cells`
 needs: the cells that fit this host's devices (the rest skipped, with why), the runner
-(and why it was chosen), the :class:`~cpmatrix.run.context.RunContext`, the interpreter's
-identity, the declared mutants, and the result cache's hits and store.
+(and why it was chosen), the cells' sources, the interpreter's identity, the declared
+mutants, and the result cache's hits and store. The run's
+:class:`~cpmatrix.run.context.RunContext` is made once, from these, by
+:func:`make_context` (in :func:`cpmatrix.run.pipeline.assemble`).
 
 Example::
 
     prepared = prepare_run(options, matrix, cells, claim, scheduler=scheduler_for(options))
-    report = run_cells(prepared.cells, prepared.platforms, prepared.context, ...)
+    context = make_context(matrix, prepared.out, prepared.runner, options, claim.run_id,
+                           sources=prepared.sources)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from cpmatrix.errors import UsageError
@@ -63,7 +66,10 @@ class PreparedRun:
     devices: int
     runner: Runner
     why_runner: str
-    context: RunContext
+    #: The output folder (``--out``, absolute).
+    out: Path
+    #: Per cell id, the source identity its results carry (``RunContext.sources``).
+    sources: dict[str, dict[str, str]]
     toolchain: dict[str, str]
     mutants: dict[str, list[str]] | None
     cached: dict[str, Result]
@@ -138,8 +144,13 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
 
 
 def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
-                 run_id: str = "") -> RunContext:
-    """The executors' shared context for a run of ``matrix`` into ``out``."""
+                 run_id: str = "", *, sources: Mapping[str, Mapping[str, str]] | None = None,
+                 order: str = "", pack: PackSpec | None = None,
+                 durations: Mapping[str, float] | None = None,
+                 repro: tuple[str, ...] | None = None) -> RunContext:
+    """The executors' shared context for a run of ``matrix`` into ``out``: made once per
+    run, whole (the cells' ``sources``, ``--order`` as resolved, the worlds' ``pack`` and
+    the ``durations`` they pack by, the ``repro`` line's flags)."""
     return RunContext(
         out_root=out, runner=runner, run_id=run_id, python=options.python,
         launcher=options.launcher,
@@ -148,6 +159,8 @@ def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
         readonly=(str(Path(matrix.path).resolve().parent),),
         timings=options.timings, profile=options.profile,
         compile_cache=None if _uncached(options) else cache_root(options) / "spill",
+        sources=sources or {}, order=order, pack=pack or PackSpec(),
+        durations=durations or {}, repro=repro,
     )
 
 
@@ -198,11 +211,9 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     platform_of = {c.id: c.platform for c in cells}
     sources = {cid: {**s, "machine": ident.summary(platforms[platform_of[cid]].device)}
                for cid, s in stamp(mine, source).items()}
-    context = replace(make_context(matrix, out, runner, options, claim.run_id),
-                      sources=sources, order=order)
     mutants = discover_mutants(matrix.pythonpath, fits, options.python) \
         if options.mutants else None
-    cached, store, note, layers = _cache_hooks(options, fits, context, platforms,
+    cached, store, note, layers = _cache_hooks(options, fits, out, runner, platforms,
                                                mutants is not None, toolchain, keys, anchors,
                                                remote_settings(options.caching, matrix), ident)
     # Everything that can refuse the run is behind us: only now does the last run's
@@ -218,12 +229,13 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
             **mine, **(cell_digests(selection, keys) if selection is not None else {})}},
     })
     return PreparedRun(cells=fits, skipped=skipped, platforms=platforms, devices=devices,
-                       runner=runner, why_runner=why, context=context, toolchain=toolchain,
+                       runner=runner, why_runner=why, out=out, sources=sources,
+                       toolchain=toolchain,
                        mutants=mutants, cached=cached, store=store, cache_note=note,
                        cache_layers=layers, machine=ident)
 
 
-def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext,
+def _cache_hooks(options: RunOptions, cells: Sequence[Cell], out: Path, runner: Runner,
                  platforms: Mapping[str, Platform], mutants: bool,
                  toolchain: Mapping[str, str], keys: ActionKeys, anchors: Anchors,
                  remote: RemoteSettings | None, machine: MachineIdentity,
@@ -236,7 +248,7 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
     t0 = time.monotonic()
     hashes = ReadHashes()
     cache = ResultCache(cache_root(options), hashes, anchors)
-    identity = context.runner.identity()
+    identity = runner.identity()
     allow = {k: anchors.text(os.environ[k]) for k in ENV_ALLOW if k in os.environ}
     digests = {
         c.id: keys.digest(c, runner_identity={**identity,
@@ -247,13 +259,13 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], context: RunContext
         for c in cells
     }
     layers = CacheLayers(cache, None if remote is None else RemoteCache(remote), digests,
-                         out=context.out_root)
+                         out=out)
     hits = {} if mutants else layers.lookup(cells)
     where = (f" ({layers.local_hits} local, {layers.remote_hits} remote)"
              if remote is not None else "")
     note = (f"cache: {len(hits)} of {len(cells)} cells cached{where} (looked up in "
             f"{time.monotonic() - t0:.2f} s, {hashes.hashed} files hashed)")
-    private = context.runner.private_files
+    private = runner.private_files
 
     def store(cell: Cell, result: Result) -> str:
         if result.reads is None:

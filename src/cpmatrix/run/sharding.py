@@ -20,22 +20,31 @@ from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.layout import DURATIONS, RunLayout
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.report.history import CellHistory, durations_of, load_run_history, read_histories
+from cpmatrix.report.history import (
+    CellHistory,
+    durations_of,
+    load_run_history,
+    merge_histories,
+    read_histories,
+)
 from cpmatrix.report.junit import merge_junit
 from cpmatrix.report.merge import ShardManifest, selection_digest
 from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
+from cpmatrix.run.packing import PackSpec
 
 __all__ = ["Recorded", "take_shard", "write_empty_report"]
 
 
 class Recorded:
-    """A run's recorded durations (``--durations-from FILE``, else ``--out``'s own) and
-    histories, each read once, when first needed by the shard or the Slurm split (most
-    runs need neither). The session reads ``--out``'s own history itself, every run.
+    """A run's recorded histories, each file read once, when first needed: ``--durations-from
+    FILE``'s (balancing shards and Slurm jobs) and ``--out``'s own (what the worlds pack
+    by, and what the run's history starts from).
 
     >>> from cpmatrix.run.options import RunOptions
     >>> Recorded(RunOptions(), Path("no/such/out")).durations()
+    {}
+    >>> Recorded(RunOptions(), Path("no/such/out")).planning(PackSpec(ordered=True))
     {}
     """
 
@@ -44,15 +53,32 @@ class Recorded:
         self.out = out
         self._durations: dict[str, float] | None = None
         self._history: dict[str, CellHistory] | None = None
+        self._own: dict[str, CellHistory] | None = None
 
     def durations(self) -> dict[str, float]:
         """``--durations-from FILE`` if given (a missing or unreadable one is a usage error: the
         shards would silently stop being balanced), else ``--out``'s own durations.json."""
         if self._durations is None:
             history = self.history()
-            self._durations = (durations_of(load_run_history(self.out)) if history is None
-                               else durations_of(history))
+            self._durations = durations_of(self.own() if history is None else history)
         return self._durations
+
+    def own(self) -> dict[str, CellHistory]:
+        """``--out``'s own histories (none when it has no durations.json)."""
+        if self._own is None:
+            self._own = load_run_history(self.out)
+        return self._own
+
+    def merged(self) -> dict[str, CellHistory]:
+        """``--durations-from``'s histories with ``--out``'s own over them (this folder's
+        records win): what the run's history starts from, and what its worlds pack by."""
+        return merge_histories([self.history() or {}, self.own()])
+
+    def planning(self, pack: PackSpec) -> dict[str, float]:
+        """Expected seconds per cell that the worlds pack their cells onto their ranks by:
+        none with ``--order`` or ``--failed-first`` (``pack.ordered``), so that one order
+        always gives one placement; else :meth:`merged`'s."""
+        return {} if pack.ordered else durations_of(self.merged())
 
     def history(self) -> dict[str, CellHistory] | None:
         """``--durations-from FILE``'s histories, None without the flag."""
