@@ -151,10 +151,10 @@ def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
     assert not found, "use CellSpec.from_cell / CellContext.from_spec:\n" + "\n".join(found)
 
 
-#: Who may call what puts a run together: the pipeline's assemble() is the one path of
+#: Who may call what puts a run together: run/assembly.py's assemble() is the one path of
 #: every front (run, repro, the pytest plugin), and the context is made once, whole.
-ASSEMBLY = {"prepare_run": {"run/pipeline.py"}, "run_cells": {"run/pipeline.py"},
-            "make_context": {"run/pipeline.py"}, "RunContext": {"run/setup.py"}}
+ASSEMBLY = {"prepare_run": {"run/assembly.py"}, "run_cells": {"run/assembly.py"},
+            "make_context": {"run/assembly.py"}, "RunContext": {"run/setup.py"}}
 
 
 def _calls(source: str, homes: dict[str, set[str]], rel: str) -> list[str]:
@@ -175,7 +175,7 @@ def _calls(source: str, homes: dict[str, set[str]], rel: str) -> list[str]:
 
 def test_a_run_is_assembled_in_one_place_and_its_context_made_once() -> None:
     found = [f for rel, p in _sources() for f in _calls(p.read_text(), ASSEMBLY, rel)]
-    assert not found, "a run is put together by run/pipeline.py's assemble():\n" + \
+    assert not found, "a run is put together by run/assembly.py's assemble():\n" + \
         "\n".join(found)
 
 
@@ -187,5 +187,5 @@ def test_the_assembly_scan_sees_a_second_path() -> None:
     assert _calls(planted, ASSEMBLY, "cli/run.py") == [
         "cli/run.py:2: prepare_run(...)", "cli/run.py:3: replace(context, ...)",
         "cli/run.py:4: run_cells(...)"]
-    assert _calls(planted, ASSEMBLY, "run/pipeline.py") == [
-        "run/pipeline.py:3: replace(context, ...)"]
+    assert _calls(planted, ASSEMBLY, "run/assembly.py") == [
+        "run/assembly.py:3: replace(context, ...)"]

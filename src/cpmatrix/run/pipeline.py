@@ -1,9 +1,11 @@
 """The run's front door: claim -> shard -> order -> prepare -> pack -> schedule -> run ->
 report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
 
-Every front's run is put together by one function, :func:`assemble` (prepare, pack,
-schedule, the :class:`~cpmatrix.run.context.RunContext` made once); what differs between
-the fronts is a :class:`_Front`. docs/architecture.md ("A run's stages") draws the whole.
+``cpmatrix run`` is the stages of :data:`RUN_STAGES`; every front's run is put together
+by one function, :func:`cpmatrix.run.assembly.assemble` (prepare, pack, schedule, the
+:class:`~cpmatrix.run.context.RunContext` made once); what differs between the fronts is
+a :class:`~cpmatrix.run.assembly.Front`. docs/architecture.md ("A run's stages") draws
+the whole.
 
 A front parses its input into :class:`~cpmatrix.run.options.RunOptions` and the selected
 cells, calls one function here and prints what it is told through its :class:`Hooks`
@@ -27,26 +29,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from cpmatrix.errors import ExitCode
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
+from cpmatrix.run.assembly import Assembled, Front, assemble
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
-from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import plan_all
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim, claim_out
-from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.provenance import cell_digests, run_source
 from cpmatrix.run.schedulers import Scheduler, scheduler_for
-from cpmatrix.run.session import JobPool, Known, Watch, run_cells
-from cpmatrix.run.setup import PreparedRun, devices_for, make_context, pack_spec, prepare_run
+from cpmatrix.run.session import Watch
+from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec
 from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
 from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
@@ -101,67 +102,9 @@ class _Narrowed:
     order: Order | None
 
 
-@dataclass(frozen=True)
-class _Front:
-    """What differs between the fronts' runs; everything else is assembled alike."""
-
-    #: The flags a failing cell's repro line carries after its id (None: no line).
-    repro: tuple[str, ...] | None = None
-    #: The scheduler places the worlds, packed by ``--pack``/``--world-ranks`` (``repro``:
-    #: its cells in one world here, packed by the defaults, whatever those flags say).
-    scheduled: bool = True
-    #: A Slurm split weighs the worlds by the recorded durations (the pytest front's by
-    #: its cells alone).
-    weighed: bool = True
-
-
-@dataclass(frozen=True)
-class Assembled:
-    """A run made whole before it starts: the prepared cells, the run's context (made
-    once), the job pool, and what is known of the cells."""
-
-    prepared: PreparedRun
-    context: RunContext
-    pool: JobPool
-    known: Known
-    #: A line saying where the worlds run ("" for this host).
-    note: str = ""
-
-    def run(self, options: RunOptions, watch: Watch) -> RunReport:
-        """The cells, run (:func:`~cpmatrix.run.session.run_cells`)."""
-        return run_cells(self.prepared.cells, self.prepared.platforms, self.context,
-                         plan=options.planning, pool=self.pool, known=self.known,
-                         watch=watch)
-
-
-def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: OutClaim,
-             scheduler: Scheduler, recorded: Recorded, front: _Front, *,
-             keys: ActionKeys | None = None, selection: Sequence[Cell] | None = None,
-             order: str = "") -> Assembled:
-    """The one way every front's run is put together: prepare (devices, runner, sources,
-    cache: :func:`~cpmatrix.run.setup.prepare_run`), pack, schedule, and the
-    :class:`RunContext` made once from all of it."""
-    prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
-                           selection=selection, order=order, scheduler=scheduler)
-    # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
-    pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
-                     scheduler=scheduler) if front.scheduled else PackSpec()
-    runner, pool, note = prepared.runner, JobPool(devices=prepared.devices), ""
-    if front.scheduled:
-        scheduling = scheduler.schedule(
-            prepared.runner, prepared.out, prepared.cells, devices=prepared.devices,
-            durations=recorded.durations if front.weighed else dict)
-        runner, pool, note = scheduling.runner, scheduling.pool, scheduling.note
-    context = make_context(matrix, prepared.out, runner, options, claim.run_id,
-                           sources=prepared.sources, order=order, pack=pack,
-                           durations=recorded.planning(pack), repro=front.repro)
-    known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
-                  skipped=prepared.skipped, recorded=recorded.merged())
-    return Assembled(prepared=prepared, context=context, pool=pool, known=known, note=note)
-
-
 def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> int:
-    """Run what ``choose`` selects (``--dry-run``: plan it) and return the exit code.
+    """Run what ``choose`` selects (``--dry-run``: plan it) and return the exit code: the
+    stages of :data:`RUN_STAGES`, in order, until one returns an exit code.
 
     ``choose`` runs after ``--out`` is claimed (locked; nothing is deleted): the last
     run's evidence makes way only once this run has cells to run (``prepare_run``), so a
@@ -171,25 +114,95 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
     scheduler.preflight()
     with nullcontext() if options.dry_run else _claimed(options) as claim:
         out = Path(options.out).resolve() if claim is None else claim.path
-        chosen = choose()
-        if not chosen.cells:
-            hooks.warn(chosen.nothing)
-            return ExitCode.NOTHING_SELECTED
-        recorded = Recorded(options, out)
-        narrowed = _narrow(options, chosen, recorded, claim, hooks)
-        if isinstance(narrowed, int):
-            return narrowed
-        # A bad remote_cache: is exit 2, --dry-run too.
-        remote_settings(options.caching, chosen.matrix)
-        if claim is None:
-            return plan_only(narrowed.cells, {p.name: p for p in chosen.matrix.platforms},
-                             options, hooks, order=narrowed.order, scheduler=scheduler,
-                             recorded=recorded)
-        run = assemble(options, chosen.matrix, narrowed.cells, claim, scheduler, recorded,
-                       _Front(repro=chosen.repro), keys=narrowed.keys,
-                       selection=narrowed.selection, order=str(narrowed.order or ""))
-        report, stopped = _run_assembled(options, run, hooks)
-    return _exit_code(report, stopped, run.prepared, hooks)
+        run = _Run(options=options, hooks=hooks, scheduler=scheduler, claim=claim,
+                   choose=choose, recorded=Recorded(options, out))
+        for stage in RUN_STAGES:
+            outcome = stage(run)
+            if isinstance(outcome, int):
+                return outcome
+            run = outcome
+    raise AssertionError("the last stage returns the exit code")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """``cpmatrix run`` as far as its stages have taken it (each stage adds its part)."""
+
+    options: RunOptions
+    hooks: Hooks
+    scheduler: Scheduler
+    #: ``--out``, claimed (None: ``--dry-run``, which writes nothing).
+    claim: OutClaim | None
+    choose: Callable[[], Chosen]
+    recorded: Recorded
+    chosen: Chosen | None = None
+    narrowed: _Narrowed | None = None
+    assembled: Assembled | None = None
+    report: RunReport | None = None
+    #: The signal that stopped the run, if one did.
+    signum: int | None = None
+
+
+def _select(run: _Run) -> _Run | int:
+    """The front's selection (exit 3 when it is empty)."""
+    chosen = run.choose()
+    if not chosen.cells:
+        run.hooks.warn(chosen.nothing)
+        return ExitCode.NOTHING_SELECTED
+    return replace(run, chosen=chosen)
+
+
+def _narrow_stage(run: _Run) -> _Run | int:
+    """``--shard``, ``--order``, ``--failed-first`` (:func:`_narrow`)."""
+    assert run.chosen is not None
+    narrowed = _narrow(run.options, run.chosen, run.recorded, run.claim, run.hooks)
+    return narrowed if isinstance(narrowed, int) else replace(run, narrowed=narrowed)
+
+
+def _check_remote(run: _Run) -> _Run:
+    """A bad ``remote_cache:`` is exit 2, ``--dry-run`` too."""
+    assert run.chosen is not None
+    remote_settings(run.options.caching, run.chosen.matrix)
+    return run
+
+
+def _dry_run(run: _Run) -> _Run | int:
+    """``--dry-run`` ends here, with the plan printed (:func:`plan_only`)."""
+    if run.claim is not None:
+        return run
+    assert run.chosen is not None and run.narrowed is not None
+    return plan_only(run.narrowed.cells, {p.name: p for p in run.chosen.matrix.platforms},
+                     run.options, run.hooks, scheduler=run.scheduler,
+                     recorded=run.recorded)
+
+
+def _assemble_stage(run: _Run) -> _Run:
+    """The run put together (:func:`assemble`), its repro lines the front's."""
+    assert run.claim is not None and run.chosen is not None and run.narrowed is not None
+    narrowed = run.narrowed
+    return replace(run, assembled=assemble(
+        run.options, run.chosen.matrix, narrowed.cells, run.claim, run.scheduler,
+        run.recorded, Front(repro=run.chosen.repro), keys=narrowed.keys,
+        selection=narrowed.selection, order=str(narrowed.order or "")))
+
+
+def _run_stage(run: _Run) -> _Run:
+    """The cells run; report.html, the cache's uploads, the summary (:func:`_run_assembled`)."""
+    assert run.assembled is not None
+    report, signum = _run_assembled(run.options, run.assembled, run.hooks)
+    return replace(run, report=report, signum=signum)
+
+
+def _exit_stage(run: _Run) -> int:
+    """0, 1, 3, or the stopping signal's code (:func:`_exit_code`)."""
+    assert run.report is not None and run.assembled is not None
+    return _exit_code(run.report, run.signum, run.assembled.prepared, run.hooks)
+
+
+#: ``cpmatrix run``'s stages, in order, as nox runs its tasks: each takes the run as far
+#: as it got and returns it grown, or the exit code that ends it there.
+RUN_STAGES: Final[tuple[Callable[[_Run], _Run | int], ...]] = (
+    _select, _narrow_stage, _check_remote, _dry_run, _assemble_stage, _run_stage, _exit_stage)
 
 
 @contextmanager
@@ -308,8 +321,7 @@ def _nothing_fits(skipped: int, gpus: int) -> str:
 
 
 def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: RunOptions,
-              hooks: Hooks, *, order: Order | None, scheduler: Scheduler,
-              recorded: Recorded) -> int:
+              hooks: Hooks, *, scheduler: Scheduler, recorded: Recorded) -> int:
     """``--dry-run``: print the plan each executor makes (the busiest first); run nothing."""
     devices, fits, skipped, needs = devices_for(cells, platforms, options)
     # Split, packed and weighed as a real run's (assemble()).
@@ -378,7 +390,7 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
     with _claimed(options) as claim:
         # One world, here, whatever the options' scheduler: repro reruns its cells.
         run = assemble(options, matrix, cells, claim, scheduler,
-                       Recorded(options, claim.path), _Front(scheduled=False))
+                       Recorded(options, claim.path), Front(scheduled=False))
         prepared = run.prepared
         for cell, why in prepared.skipped:
             hooks.warn(f"{cell.id}: cannot run here: {why}")
@@ -409,7 +421,7 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     scheduler = scheduler_for(options)  # before --out is claimed, as a run does
     with _claimed(options) as claim:
         run = assemble(options, matrix, cells, claim, scheduler,
-                       Recorded(options, claim.path), _Front(weighed=False))
+                       Recorded(options, claim.path), Front(weighed=False))
         with stop_on_signals() as stopper:
             return run.run(options, Watch(on_result=_whole(stopper, on_result),
                                           on_start=on_start, stopper=stopper))

@@ -5,7 +5,7 @@ needs: the cells that fit this host's devices (the rest skipped, with why), the 
 (and why it was chosen), the cells' sources, the interpreter's identity, the declared
 mutants, and the result cache's hits and store. The run's
 :class:`~cpmatrix.run.context.RunContext` is made once, from these, by
-:func:`make_context` (in :func:`cpmatrix.run.pipeline.assemble`).
+:func:`make_context` (in :func:`cpmatrix.run.assembly.assemble`).
 
 Example::
 

@@ -1,0 +1,92 @@
+"""A run put together, the same way for every front: :func:`assemble`.
+
+Prepare (devices, runner, sources, cache: :func:`~cpmatrix.run.setup.prepare_run`), pack
+(:func:`~cpmatrix.run.setup.pack_spec`), schedule (the scheduler's runner, pool and world
+split), and the :class:`~cpmatrix.run.context.RunContext` made once from all of it, with
+the recorded histories read once (:class:`~cpmatrix.run.sharding.Recorded`). What differs
+between ``cpmatrix run``, ``repro`` and the pytest front is a :class:`Front`.
+
+Example::
+
+    run = assemble(options, matrix, cells, claim, scheduler_for(options),
+                   Recorded(options, claim.path), Front(repro=("--matrix", "m.yaml")))
+    report = run.run(options, Watch())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cpmatrix.matrix.schema import Cell, Matrix
+from cpmatrix.run.cache import ActionKeys
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.options import RunOptions
+from cpmatrix.run.outcome import RunReport
+from cpmatrix.run.outdir import OutClaim
+from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.schedulers import Scheduler
+from cpmatrix.run.session import JobPool, Known, Watch, run_cells
+from cpmatrix.run.setup import PreparedRun, make_context, pack_spec, prepare_run
+from cpmatrix.run.sharding import Recorded
+
+__all__ = ["Assembled", "Front", "assemble"]
+
+
+@dataclass(frozen=True)
+class Front:
+    """What differs between the fronts' runs; everything else is assembled alike."""
+
+    #: The flags a failing cell's repro line carries after its id (None: no line).
+    repro: tuple[str, ...] | None = None
+    #: The scheduler places the worlds, packed by ``--pack``/``--world-ranks`` (``repro``:
+    #: its cells in one world here, packed by the defaults, whatever those flags say).
+    scheduled: bool = True
+    #: A Slurm split weighs the worlds by the recorded durations (the pytest front's by
+    #: its cells alone).
+    weighed: bool = True
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A run made whole before it starts: the prepared cells, the run's context (made
+    once), the job pool, and what is known of the cells."""
+
+    prepared: PreparedRun
+    context: RunContext
+    pool: JobPool
+    known: Known
+    #: A line saying where the worlds run ("" for this host).
+    note: str = ""
+
+    def run(self, options: RunOptions, watch: Watch) -> RunReport:
+        """The cells, run (:func:`~cpmatrix.run.session.run_cells`)."""
+        return run_cells(self.prepared.cells, self.prepared.platforms, self.context,
+                         plan=options.planning, pool=self.pool, known=self.known,
+                         watch=watch)
+
+
+def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: OutClaim,
+             scheduler: Scheduler, recorded: Recorded, front: Front, *,
+             keys: ActionKeys | None = None, selection: Sequence[Cell] | None = None,
+             order: str = "") -> Assembled:
+    """The one way every front's run is put together: prepare (devices, runner, sources,
+    cache: :func:`~cpmatrix.run.setup.prepare_run`), pack, schedule, and the
+    :class:`RunContext` made once from all of it."""
+    prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
+                           selection=selection, order=order, scheduler=scheduler)
+    # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
+    pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
+                     scheduler=scheduler) if front.scheduled else PackSpec()
+    runner, pool, note = prepared.runner, JobPool(devices=prepared.devices), ""
+    if front.scheduled:
+        scheduling = scheduler.schedule(
+            prepared.runner, prepared.out, prepared.cells, devices=prepared.devices,
+            durations=recorded.durations if front.weighed else dict)
+        runner, pool, note = scheduling.runner, scheduling.pool, scheduling.note
+    context = make_context(matrix, prepared.out, runner, options, claim.run_id,
+                           sources=prepared.sources, order=order, pack=pack,
+                           durations=recorded.planning(pack), repro=front.repro)
+    known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
+                  skipped=prepared.skipped, recorded=recorded.merged())
+    return Assembled(prepared=prepared, context=context, pool=pool, known=known, note=note)
