@@ -179,7 +179,7 @@ def test_a_module_no_group_judges_is_a_config_error(
 
 def test_a_missing_test_file_of_a_group_is_a_config_error(project: Path) -> None:
     (project / "tests" / "unit" / "test_repeated.py").unlink()
-    with pytest.raises(tool.ConfigError, match="no such test file tests/unit/test_repeated.py"):
+    with pytest.raises(tool.ConfigError, match=r"no such test file tests/unit/test_repeated\.py"):
         tool.groups_of(project)
 
 
