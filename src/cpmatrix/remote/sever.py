@@ -104,14 +104,19 @@ def peers_done(wait_s: float) -> bool:
 
 def cut_peers() -> int:
     """Cut the armed cell: the word first (a peer's error after it is a cut), then this
-    process's gloo connections. Returns how many connections were shut down."""
+    process's gloo connections. Returns how many connections were shut down (never
+    raises for a connection that went away meanwhile)."""
     a = armed()
     if a is None or a.size < 2:
         return 0
     a.store.set(cut_key(a.index, a.rank), "1")
     shut = 0
     for fd in _connections(exclude_port=a.store_port):
-        sock = socket.socket(fileno=fd)
+        try:
+            # (gloo may close a connection meanwhile: the fd is then gone, or no socket)
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
         try:
             sock.shutdown(socket.SHUT_RDWR)
             shut += 1
