@@ -21,7 +21,7 @@ def _pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
 
 @pytest.fixture
 def armed() -> Iterator[Any]:
-    store = dist.HashStore()
+    store = dist.HashStore()  # type: ignore[attr-defined]  # public, not in the stubs
     yield store
     sever.disarm()
 
