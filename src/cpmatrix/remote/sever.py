@@ -15,7 +15,8 @@ Only on gloo: an nccl collective does not end when a socket closes (the supervis
 grace period and teardown stay the answer there). Linux only (``/proc``); elsewhere
 :func:`cut_peers` cuts nothing and the grace period applies.
 
-Imports the standard library only (the store is handed in by the world's rank).
+Imports the standard library and the protocol's key names (the store is handed in by
+the world's rank).
 
 Example::
 
@@ -32,6 +33,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Final
 
+from cpmatrix.remote.protocol import cut_key, done_key
+
 __all__ = ["CUT_OFF", "Armed", "arm", "armed", "cut_by_peer", "cut_key", "cut_peers",
            "disarm", "done", "done_key", "peers_done", "was_cut"]
 
@@ -42,14 +45,6 @@ CUT_OFF: Final = re.compile(r"Connection closed by peer|Connection reset by peer
 _ESTABLISHED: Final = "01"
 
 
-def cut_key(index: int, rank: int) -> str:
-    """The store key rank ``rank`` (in the cell) sets when it cut cell ``index``."""
-    return f"cpmatrix/{index}/cut/r{rank}"
-
-
-def done_key(index: int, rank: int) -> str:
-    """The store key rank ``rank`` sets when its test of cell ``index`` ended."""
-    return f"cpmatrix/{index}/done/r{rank}"
 
 
 @dataclass(frozen=True, slots=True)
