@@ -122,6 +122,29 @@ def test_an_expected_failure_whose_peers_were_cut_off_is_xfailed() -> None:
     assert "rank 1 did not finish the call phase" in v.phases[1].message
 
 
+@pytest.mark.parametrize("first", ["failed", "xfailed"])
+def test_peers_cut_off_by_a_failing_rank_are_noted_as_cut_off_not_blamed(first: str) -> None:
+    # Rank 0 failed (as expected or not) and cut the cell; rank 1, waiting in a
+    # collective, reported its call as cut off (not among its phases) and tore down.
+    ranks = {0: ran(first, "planted"), 1: [ph("setup", "passed"), ph("teardown", "passed")]}
+    v = judge(ranks, size=2, cut_off={1: ["call"]})
+    assert v.outcome == ("failed" if first == "failed" else "xfailed"), v
+    assert v.phases[1].rank == 0 and v.failing_ranks in ((0,), ())
+    assert "rank 1 did not finish the call phase (cut off while waiting for the failing " \
+        "rank)" in v.phases[1].message
+
+
+def test_a_skip_whose_peer_was_cut_off_waiting_for_it_is_a_skip_not_agreed() -> None:
+    ranks = {0: ran("skipped", "rank 0 only"),
+             1: [ph("setup", "passed"), ph("teardown", "passed")]}
+    v = judge(ranks, size=2, cut_off={1: ["call"]})
+    assert v.outcome == "failed"
+    assert v.reason == ("skip not agreed: skipped on rank 0 (rank 0 only), rank 1 cut off "
+                        "waiting for it in a collective")
+    # Without the peer's word it is what it was: a rank that sent no report.
+    assert "rank 1 sent no report for the call phase" in judge(ranks, size=2).reason
+
+
 def test_a_strict_xpass_on_one_rank_fails_whatever_its_peers_did() -> None:
     strict = RankPhase(when="call", outcome="failed", kind="xpassed",
                        summary="[XPASS(strict)] planted")

@@ -127,3 +127,29 @@ def test_deepspeed_classes_get_what_its_launcher_gives(tmp_path: Path) -> None:
                           "::test_local_size_and_the_group"] == "passed"
     assert "TestWithoutInit: runs as without cpmatrix: its class sets init_distributed = " \
         "False" in front.output
+
+
+def test_a_failing_or_skipping_rank_cuts_its_waiting_peer_off_at_once(tmp_path: Path) -> None:
+    # The peer blocked in the collective is told (its group's connections closed), is
+    # not blamed, and the world goes on: one world start for the three tests (a world
+    # torn down after the failure's grace period would start again for the next test).
+    target = "shapes/test_cut_off.py"
+    native = pytest_run(["-k", "not skips", target], tmp_path / "native.xml")
+    front = pytest_run(["--cpmatrix", f"--cpmatrix-out={tmp_path / 'out'}", target],
+                       tmp_path / "front.xml")
+    key = "shapes.test_cut_off.CutOff::test_"
+    assert native.outcomes == {f"{key}a_fails_on_rank_one_while_peer_waits": "failed",
+                               f"{key}c_passes_after_them": "passed"}, native.output[-3000:]
+    assert front.outcomes == {**native.outcomes,
+                              f"{key}b_skips_on_rank_zero_while_peer_waits": "failed"}, \
+        front.output[-4000:]
+    messages = _messages(tmp_path / "front.xml")
+    assert "[rank 1]" in messages[f"{key}a_fails_on_rank_one_while_peer_waits"], messages
+    failed = front.texts[f"{key}a_fails_on_rank_one_while_peer_waits"]
+    assert "rank 0 did not finish the call phase (cut off while waiting for the failing " \
+        "rank)" in failed, failed
+    assert "planted: rank 1 fails" in failed
+    skipped = messages[f"{key}b_skips_on_rank_zero_while_peer_waits"]
+    assert "skip not agreed: skipped on rank 0 (planted: rank 0 only), rank 1 cut off " \
+        "waiting for it in a collective" in skipped, skipped
+    assert "(1 world start)" in front.output, front.output[-3000:]

@@ -23,7 +23,7 @@ from cpmatrix.layout import rank_dir
 from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, is_own, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
-__all__ = ["REPORTS_FILE", "judge_files", "judged_result", "load", "phases_of"]
+__all__ = ["REPORTS_FILE", "cut_off_of", "judge_files", "judged_result", "load", "phases_of"]
 
 #: The file a rank writes in its folder of the cell.
 REPORTS_FILE = "pytest.json"
@@ -105,4 +105,19 @@ def judge_files(cell_dir: Path, size: int, result: Result,
                 nodeid: str | None = None) -> tuple[Verdict, dict[int, dict[str, Any]]]:
     """The test's verdict from the ranks' files and the world's ``result``."""
     records = load(cell_dir, size, nodeid)
-    return judge(phases_of(records), size=size, result=result), records
+    return judge(phases_of(records), size=size, result=result,
+                 cut_off=cut_off_of(records)), records
+
+
+def cut_off_of(records: Mapping[int, Mapping[str, Any]]) -> dict[int, list[str]]:
+    """rank -> the phases a peer cut it off in (:mod:`cpmatrix.remote.sever`).
+
+    >>> cut_off_of({0: {"cut_off": [{"when": "call"}]}, 1: {}})
+    {0: ['call']}
+    """
+    out: dict[int, list[str]] = {}
+    for r, record in records.items():
+        cut = record.get("cut_off")
+        if isinstance(cut, list) and cut:
+            out[r] = [str(c.get("when", "")) for c in cut if isinstance(c, dict)]
+    return out

@@ -270,9 +270,13 @@ def _fault_text(fault: Fault, size: int) -> str:
 
 
 def judge(ranks: Mapping[int, Sequence[RankPhase]], *, size: int,
-          result: Result | None = None) -> Verdict:
+          result: Result | None = None,
+          cut_off: Mapping[int, Sequence[str]] | None = None) -> Verdict:
     """The test's verdict from each rank's phases (``ranks``: rank -> its reports, in
-    order; a rank absent sent none) and the world's ``result`` (None: all ranks ended)."""
+    order; a rank absent sent none) and the world's ``result`` (None: all ranks ended).
+    ``cut_off``: rank -> the phases it was cut off in by a peer that failed or skipped
+    (their reports are not the rank's own: it sent none for them)."""
+    cut = cut_off or {}
     fault = fault_of(result) if result is not None else None
     primary = tuple(result.failing_ranks) if result is not None else ()
     by_phase = {when: {r: p for r, ps in ranks.items() for p in ps if p.when == when}
@@ -310,11 +314,18 @@ def judge(ranks: Mapping[int, Sequence[RankPhase]], *, size: int,
         if missing and not failed_before:
             # (After a failure, ranks torn down while waiting for it report no more; an
             # expected failure is a failure the peers waiting for it were cut off by.)
+            told = [r for r in missing if when in cut.get(r, ())]
+            how = "cut off" if told == missing else "torn down"
             if merged.rank is not None and (merged.outcome == "failed"
                                             or merged.kind == "xfailed"):
                 merged = _with_note(merged, f"{ranks_text(missing)} did not finish the "
-                                    f"{when} phase (torn down while waiting for the failing "
+                                    f"{when} phase ({how} while waiting for the failing "
                                     "rank)")
+            elif merged.kind == "skipped" and told:
+                merged = _made(when, f"cpmatrix: skip not agreed: skipped on "
+                               f"{ranks_text(sorted(got))} ({merged.summary}), "
+                               f"{ranks_text(told)} cut off waiting for it in a collective",
+                               merged.duration)
             else:
                 merged = _made(when, f"cpmatrix: {ranks_text(missing)} sent no report for "
                                f"the {when} phase", merged.duration)

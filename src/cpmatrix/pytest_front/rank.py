@@ -150,12 +150,34 @@ def case(cell: CellContext) -> None:
                            dialect_of(str(cell.params.get("dialect", ""))))
     finally:
         _CELL = None
+    _tell_peers(phases)
     failed = [p for p in phases if p["kind"] in ("failed", "xfailed")]
     if failed:
         p = failed[0]
         # One line: the report says the rest (and the log cuts this block on that line).
         first = next(iter(str(p["summary"]).splitlines()), "")
         raise PytestFailure(f"{p['kind']} in {p['when']} on rank {cell.rank}: {first}")
+
+
+#: How long a rank whose test skipped waits for its peers to end the test before it
+#: cuts them off: a skip every rank agrees on ends on each within moments, and a cut
+#: costs the next test a new group. (A peer cut off is one waiting in a collective the
+#: skipping rank never joins: natively a hang; the wait changes only the cost.)
+SKIP_WAIT_S = 1.0
+
+
+def _tell_peers(phases: list[dict[str, Any]]) -> None:
+    """After this rank's test: say so, and cut the cell when it failed or skipped here
+    (its peers may wait in a collective it will never join: remote/sever.py)."""
+    from cpmatrix.remote import sever
+
+    if sever.armed() is None:
+        return
+    sever.done()
+    kinds = {p["kind"] for p in phases}
+    if kinds & {"failed", "xfailed"} or ("skipped" in kinds
+                                         and not sever.peers_done(SKIP_WAIT_S)):
+        sever.cut_peers()
 
 
 class _RankSession:
@@ -260,7 +282,7 @@ class _RankPlugin:
         self.config = config
         self.out = out
         self.record = {"nodeid": nodeid, "rank": rank, "size": size, "phases": [],
-                       "reports": [], "warnings": []}
+                       "reports": [], "warnings": [], "cut_off": []}
         self._subfailed = {}
         self._write()
 
@@ -294,6 +316,14 @@ class _RankPlugin:
             self._write()
             return
         phase = _classify(report, len(reports))
+        if report.failed and _cut_off(report):
+            # A peer failed or skipped and cut the cell while this rank waited for it in
+            # a collective: not this rank's verdict of the phase (natively it is ended).
+            self.record["cut_off"].append({"when": report.when, "summary": phase["summary"],
+                                           "index": phase["index"]})
+            reports.append(_jsonable(data))
+            self._write()
+            return
         sub = self._subfailed.get(report.when)
         if sub is not None and phase["kind"] == "passed":
             phase.update(kind="failed", summary=f"a subtest failed: {_crash_line(sub)}",
@@ -314,6 +344,13 @@ class _RankPlugin:
             "filename": str(warning_message.filename), "lineno": warning_message.lineno,
             "when": when, "nodeid": nodeid})
         self._write()
+
+
+def _cut_off(report: Any) -> bool:
+    """Whether a failed report is the error of a collective a peer cut."""
+    from cpmatrix.remote import sever
+
+    return sever.CUT_OFF.search(report.longreprtext or "") is not None and sever.cut_by_peer()
 
 
 def _classify(report: Any, index: int) -> dict[str, Any]:

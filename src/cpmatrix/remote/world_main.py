@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cpmatrix.layout import cell_stacks
+from cpmatrix.remote import sever
 from cpmatrix.remote.case import run_cell
 from cpmatrix.remote.cellenv import CellEnvironment
 from cpmatrix.remote.exchange import blame_state, exchange
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         timeout=timeout,
     )
     ranks = _Rank(world, rank, store, timeout, log, observer,
-                  device_index=local_rank if world.device == "cuda" else None)
+                  device_index=local_rank if world.device == "cuda" else None,
+                  store_port=int(os.environ["MASTER_PORT"]))
     try:
         ranks.run()
     finally:
@@ -218,7 +220,7 @@ class _Rank:
 
     def __init__(self, world: WorldSpec, rank: int, store: Any,
                  timeout: datetime.timedelta, log: TextIO, observer: ReadObserver,
-                 device_index: int | None) -> None:
+                 device_index: int | None, store_port: int = 0) -> None:
         from cpmatrix.remote.isolation import CellIsolation
 
         self.world = world
@@ -244,6 +246,7 @@ class _Rank:
                                        namespaces=_PREBUILT[0] if _PREBUILT and not world.prepare
                                        else None)
         self.observer = observer
+        self.store_port = store_port
         #: Set once a cell changed what cannot be restored: this process runs no more
         #: cells, it only tells the peers of its remaining cells to skip them.
         self.tainted = False
@@ -283,9 +286,15 @@ class _Rank:
             index=index, rank=local, id=spec.id, run=self.world.run_id, time=time.time(),
             log_offset=_log_offset()))
         self.isolation.before_cell()
+        if self.world.backend == "gloo" and size > 1:
+            # A case may cut the cell to end its peers' wait at once (remote/sever.py).
+            sever.arm(self.store, index, local, size, self.store_port)
         self.observer.start()
-        outcome, mesh = run_cell(self.world, index, spec, local, stacks.parent, self.meshes,
-                                 self.ledger)
+        try:
+            outcome, mesh = run_cell(self.world, index, spec, local, stacks.parent,
+                                     self.meshes, self.ledger)
+        finally:
+            sever.disarm()
         outcome = dataclasses.replace(outcome, reads=self.observer.stop())
         t_after = time.perf_counter()
         self.env.leave()
@@ -309,7 +318,11 @@ class _Rank:
         mine = PeerReport(status=RECYCLE if problems else outcome.status, groups=report)
         peers = exchange(self.store, index, local, size, self.world.pg_timeout_s, mine)
         t_d = time.perf_counter()
-        clean = all(p.ok for p in peers.values())
+        # A cut cell's groups are broken on purpose (remote/sever.py): made afresh, never
+        # probed (a probe would blame the cell for the cut).
+        cut = size > 1 and self.world.backend == "gloo" and sever.was_cut(self.store, index,
+                                                                          size)
+        clean = all(p.ok for p in peers.values()) and not cut
         verdict = judge({r: p.groups for r, p in peers.items()}) if clean else None
         t_probe = 0.0
         if pending:

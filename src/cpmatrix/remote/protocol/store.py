@@ -31,8 +31,8 @@ from typing import Any, Final, Literal
 
 from cpmatrix.remote.protocol.records import ERROR, OK
 
-__all__ = ["RECYCLE", "PeerReport", "PeerStatus", "Ready", "group_prefix", "ready_key",
-           "report_key"]
+__all__ = ["RECYCLE", "PeerReport", "PeerStatus", "Ready", "cut_key", "done_key",
+           "group_prefix", "ready_key", "report_key"]
 
 #: A rank's status of a cell for its peers: the outcome's (``ok``/``error``), or
 #: ``recycle``: the cell changed what cannot be restored, the rank runs no more cells.
@@ -51,6 +51,20 @@ def ready_key(index: int, rank: int) -> str:
 def report_key(index: int, rank: int) -> str:
     """The key of rank ``rank``'s :class:`PeerReport` after cell ``index``."""
     return f"cpmatrix/{index}/r{rank}"
+
+
+def cut_key(index: int, rank: int) -> str:
+    """The key rank ``rank`` (in the cell) sets when it cut cell ``index``.
+
+    >>> cut_key(3, 1)
+    'cpmatrix/3/cut/r1'
+    """
+    return f"cpmatrix/{index}/cut/r{rank}"
+
+
+def done_key(index: int, rank: int) -> str:
+    """The key rank ``rank`` sets when its test of cell ``index`` ended."""
+    return f"cpmatrix/{index}/done/r{rank}"
 
 
 def group_prefix(index: int) -> str:
