@@ -450,4 +450,5 @@ def test_resolution_line_names_a_tensor_a_10pct_bug_cannot_fail_on() -> None:
     assert "BELOW" not in resolution_line("b", 0.1, 1.0)  # exactly 10%: a 10% bug is seen
     assert "BELOW RESOLUTION" in resolution_line("b", 0.1001, 1.0)
     zero = resolution_line("b", 0.5, 0.0)
-    assert zero == "b: a change under 0.0% of its largest value (0) passes"
+    assert zero == "b: a change under 0% of its largest value (0) passes"
+    assert "under 1.2e-05% of" in resolution_line("b", 1.23e-7, 1.0)

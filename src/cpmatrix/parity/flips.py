@@ -164,12 +164,12 @@ def resolution_line(name: str, budget: float, scale: float) -> str:
     whether a :data:`BUG_SIZE` bug on it can fail at all.
 
     >>> resolution_line("b", 0.05, 1.0)
-    'b: a change under 5.0% of its largest value (1) passes'
-    >>> resolution_line("b", 0.25, 0.5)[51:]
+    'b: a change under 5% of its largest value (1) passes'
+    >>> resolution_line("b", 0.25, 0.5)[49:]
     'passes: BELOW RESOLUTION (a 10% bug on it is within its rounding noise)'
     """
     frac = budget / scale if scale > 0.0 else 0.0
-    text = f"{name}: a change under {frac:.1%} of its largest value ({scale:.3g}) passes"
+    text = f"{name}: a change under {100 * frac:.2g}% of its largest value ({scale:.3g}) passes"
     if frac > BUG_SIZE:
         text += f": BELOW RESOLUTION (a {BUG_SIZE:.0%} bug on it is within its rounding noise)"
     return text
