@@ -185,7 +185,7 @@ def summarize(out: Path) -> str:
               "(max budget / scale) | median |", "|---|---|---|---|---|"]
     for (numel, prec), sizes in sorted(tiny.items()):
         finite = [s for s in sizes if s != float("inf")]
-        lines.append(f"| {numel or 'survived'} | {prec} | {len(finite)} "
+        lines.append(f"| {numel or 'survived'} | {prec} | {len(finite) if numel else len(sizes)} "
                      f"| {_pct(max(finite, default=0))} "
                      f"| {_pct(statistics.median(finite) if finite else 0)} |")
     if resolution:
