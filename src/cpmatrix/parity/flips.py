@@ -11,6 +11,11 @@ are judged as a population of their own (:func:`flip_verdict`): about as many as
 serial side or one probe moved (:func:`allowed_flips`), each within the reach of a flip.
 Derivation and measurements: docs/parity.md, "Discrete decisions".
 
+Where one serial sample cannot judge (a tensor of a few elements, a cancelling sum), a
+twin value carries the serial side's second sample in the cell's precision
+(:attr:`Probed.second`, :func:`second_noise`), and the evidence names what a tiny tensor's
+budget lets pass (:func:`resolution_line`): docs/parity.md, "The second serial sample".
+
 Example::
 
     >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
