@@ -452,3 +452,12 @@ def test_resolution_line_names_a_tensor_a_10pct_bug_cannot_fail_on() -> None:
     zero = resolution_line("b", 0.5, 0.0)
     assert zero == "b: a change under 0% of its largest value (0) passes"
     assert "under 1.2e-05% of" in resolution_line("b", 1.23e-7, 1.0)
+
+
+def test_resolution_line_reads_the_budget_exactly_and_keeps_its_head_below_resolution() -> None:
+    assert "under 9.9% of" in resolution_line("b", 0.0993, 1.0)  # 10.03% would read "10%"
+    below = resolution_line("b", 0.25, 1.0)
+    assert below.startswith("b: a change under 25% of its largest value (1) passes: BELOW")
+    assert below.endswith("(a 10% bug on it is within its rounding noise)")
+    empty = torch.zeros(0, dtype=D)
+    assert second_noise(empty, empty, empty.bool()) == (0.0, 0.0)
