@@ -37,6 +37,9 @@ _LINE = re.compile(r"(\S+): max abs \S+, max rel \S+, \d+/(\d+) outside; "
                    r"\|cp - twin\| (\S+) vs budget (\S+)")
 #: ``name: |cp - twin| E of budget G`` (``parity.twin_worst`` of a passing cell).
 _WORST = re.compile(r"\|cp - twin\| (\S+) of budget (\S+)")
+#: ``name: a change under P% of its largest value (S) passes`` (``parity.resolution``).
+_RESOLUTION = re.compile(r"(\S+): a change under (\S+)% of its largest value")
+_BIASES = ("fc2.bias", "head.bias")
 
 
 def _excludes(names: set[str], *paths: Path) -> list[Any]:
@@ -131,6 +134,9 @@ def summarize(out: Path) -> str:
     caught: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # source -> [judged, killed]
     margins: dict[str, list[float]] = defaultdict(list)
     tiny: dict[tuple[int, str], list[float]] = defaultdict(list)  # (numel, prec) -> b/scale
+    # (numel, prec) -> budget / scale of the last bias in each correct cell (resolution)
+    resolution: dict[tuple[int, str], list[float]] = defaultdict(list)
+    undecidable: dict[str, int] = defaultdict(int)  # source -> survivors below resolution
     failed_ids = []
     for c in cells:
         props = c.properties
@@ -144,9 +150,18 @@ def summarize(out: Path) -> str:
                 m = _WORST.search(value) if key.endswith(".twin_worst") else None
                 if m and float(m.group(1)) > 0:
                     margins[source].append(float(m.group(2)) / float(m.group(1)))
+                for name, pct in (_RESOLUTION.findall(value) if key.endswith(".resolution")
+                                  else []):
+                    if name.endswith(_BIASES):
+                        d_out = re.search(r"d_out=(\d+)", props.get("params", ""))
+                        numel = int(d_out.group(1)) if d_out else 0
+                        resolution[(numel, _precision(props))].append(float(pct) / 100)
             continue
         if c.status.value == "not_judged":
             continue
+        if c.status.value == "survived" and any(
+                "BELOW RESOLUTION" in v for k, v in props.items() if k.endswith(".resolution")):
+            undecidable[source] += 1
         caught[source][0] += 1
         caught[source][1] += c.status.value == "killed"
         if c.mutant == "bias_grad_10pct" and c.status.value == "killed":
@@ -157,22 +172,30 @@ def summarize(out: Path) -> str:
                     break
         elif c.mutant == "bias_grad_10pct":
             tiny[(0, _precision(props))].append(float("inf"))
-    lines = ["| source | correct cells | failed | planted bugs judged | killed | min margin "
-             "| median margin |", "|---|---|---|---|---|---|---|"]
+    lines = ["| source | correct cells | failed | planted bugs judged | killed | survived below "
+             "resolution | min margin | median margin |", "|---|---|---|---|---|---|---|---|"]
     for source in sorted(plain):
         cells_n, failed = plain[source]
         judged, killed = caught[source]
         ms = margins[source]
         lines.append(f"| {source} | {cells_n} | {failed} | {judged} | {killed} "
-                     f"| {min(ms, default=0):.2f} | "
+                     f"| {undecidable[source]} | {min(ms, default=0):.2f} | "
                      f"{statistics.median(ms) if ms else 0:.2f} |")
     lines += ["", "| bias elements | precision | seeds killed | bug size guaranteed to fail "
               "(max budget / scale) | median |", "|---|---|---|---|---|"]
     for (numel, prec), sizes in sorted(tiny.items()):
         finite = [s for s in sizes if s != float("inf")]
-        lines.append(f"| {numel or 'survived'} | {prec} | {len(finite)} "
+        lines.append(f"| {numel or 'survived'} | {prec} | {len(finite) if numel else len(sizes)} "
                      f"| {_pct(max(finite, default=0))} "
                      f"| {_pct(statistics.median(finite) if finite else 0)} |")
+    if resolution:
+        lines += ["", "| bias elements | precision | correct cells | budget / scale: max | 95th "
+                  "pct | median | cells below 10% resolution |", "|---|---|---|---|---|---|---|"]
+    for (numel, prec), fracs in sorted(resolution.items()):
+        ordered = sorted(fracs)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        lines.append(f"| {numel} | {prec} | {len(fracs)} | {_pct(ordered[-1])} | {_pct(p95)} "
+                     f"| {_pct(statistics.median(fracs))} | {sum(f > 0.1 for f in fracs)} |")
     if failed_ids:
         lines += ["", "correct cells that failed:", *failed_ids]
     return "\n".join(lines)

@@ -20,7 +20,15 @@ from cpmatrix.parity.compare import (
     twin_verdict,
     unstable_mask,
 )
-from cpmatrix.parity.flips import Flips, flip_verdict, probes_of
+from cpmatrix.parity.flips import (
+    BUG_SIZE,
+    Flips,
+    flip_verdict,
+    probes_of,
+    resolution_line,
+    second_noise,
+    second_of,
+)
 from cpmatrix.parity.tolerance import tolerance_for
 
 D = torch.float64
@@ -354,3 +362,102 @@ def test_the_flips_line_names_the_first_indices_counts_the_rest_and_says_beyond(
         "3 unstable (a rounding-sized probe flips them): CP moved 2 "
         "[4, 7], serial 1, allowed 2, FLIPS BEYOND THE SERIAL SIDE'S"
     )
+
+
+# --- the second serial sample (issue 31: tiny and cancelling tensors) -------------------
+
+
+def test_a_second_sample_widens_a_tiny_tensors_budget_to_its_own_noise() -> None:
+    # a 1-element sum cancelling to 0.05 from terms ~1: serial rounded once at the value's
+    # scale (exact here), the CP side's partial sums at the terms' (1 bf16 ulp = 9%)
+    twin = torch.tensor([0.0518], dtype=D)
+    serial, cp = twin.clone(), twin + 0.0049
+    _, bad, _, _, budget, _ = judge(cp, serial, twin, RULE)
+    assert bad.all() and budget < 0.0049  # one sample: the correct CP side fails
+    second = twin + 0.0049  # the same sum split as the CP side splits it: the same grid
+    _, bad, _, serial_err, budget, _ = judge(cp, serial, twin, RULE, second=second)
+    assert not bad.any()
+    assert serial_err == 0.0  # the evidence keeps the tensor's own serial error
+    assert budget == pytest.approx(RULE.budget(serial_err=0.0049, scale=0.0518))
+    # a value where the second sample is exact keeps the tight budget: a 10% bug fails
+    _, bad, *_ = judge(twin * 1.1, serial, twin, RULE, second=twin.clone())
+    assert bad.all()
+
+
+def test_a_second_sample_counts_only_where_one_sample_cannot_judge() -> None:
+    # 16 elements or more, not cancelling: the tensor's own noise judges, as before
+    twin, serial = _case(16)
+    second = twin + 0.05
+    cp = twin + 0.08  # beyond the floor (4 ulp at ~1.5: 0.047), within 4 x the sample's
+    _, bad, _, _, budget, _ = judge(cp, serial, twin, RULE, second=second)
+    assert bad.all(), budget
+    # the same values cut to 15 elements: the sample counts
+    _, bad, *_ = judge(cp[:15], serial[:15], twin[:15], RULE, second=second[:15])
+    assert not bad.any()
+
+
+def test_a_cancelling_tensors_norm_budget_takes_the_larger_samples_norm() -> None:
+    twin = torch.full((32,), 1e-3, dtype=D)
+    serial = twin + 1e-3  # rounding noise as large as the value: judged by norms
+    second = twin + 3e-3
+    cp = twin + 8e-3
+    name, bad, *_ = judge(cp, serial, twin, RULE)
+    assert name == "twin-norm" and bad.all()
+    name, bad, _, serial_norm, _, _ = judge(cp, serial, twin, RULE, second=second)
+    assert name == "twin-norm" and not bad.any()
+    assert serial_norm == pytest.approx(3e-3 * 32**0.5)
+
+
+def test_a_flipped_element_of_the_second_sample_is_no_sample_of_the_rounding() -> None:
+    twin, serial = _case(8)
+    probes = _probes(twin, {3: 0.8})
+    second = serial.clone()
+    second[3] += 0.8  # the split run took the other branch there
+    cp = twin * 1.1
+    _, bad, *_ = judge(cp, serial, twin, RULE, probes=probes, second=second)
+    assert bad[[0, 1, 2, 4, 5, 6, 7]].all()
+
+
+def test_second_of_takes_a_float64_sample_of_the_values_shape_only() -> None:
+    value = torch.ones(3, dtype=D)
+    expected = torch.ones(3, dtype=D)
+    assert second_of(Probed(value, (), value + 1), expected).tolist() == [2.0, 2.0, 2.0]
+    assert second_of(Probed(value, ()), expected) is None
+    assert second_of(value, expected) is None
+    assert second_of(Probed(value, (), torch.ones(2, dtype=D)), expected) is None
+    assert second_of(Probed(value, (), torch.ones(3)), expected) is None  # float32: no twin
+    assert second_noise(None, value, value.bool()) == (0.0, 0.0)
+    nan = torch.tensor([float("nan"), 1.5, 1.0], dtype=D)
+    assert second_noise(nan, value, torch.ones(3, dtype=torch.bool)) == (0.5, 0.5)
+
+
+def test_compare_named_judges_with_the_second_sample_and_names_it() -> None:
+    twin = torch.tensor([0.0518], dtype=D)
+    pairs = {"b": ((twin + 0.0049).bfloat16(), twin.bfloat16(),
+                   Probed(twin, (), twin + 0.0049))}
+    [d] = compare_named(pairs, BF16)
+    assert d.ok, d.line()
+    assert d.second_err == pytest.approx(0.0049, rel=0.05)
+    assert "a second serial sample's 0.0049" in d.line()
+    assert d.scale == pytest.approx(0.0518)
+    assert "BELOW RESOLUTION" in resolution_line(d.name, d.budget, d.scale)
+    [d] = compare_named({"b": (twin.bfloat16(), twin.bfloat16(), twin)}, BF16)
+    assert d.second_err is None and "second" not in d.line()
+
+
+def test_resolution_line_names_a_tensor_a_10pct_bug_cannot_fail_on() -> None:
+    assert BUG_SIZE == 0.1
+    assert "BELOW" not in resolution_line("b", 0.1, 1.0)  # exactly 10%: a 10% bug is seen
+    assert "BELOW RESOLUTION" in resolution_line("b", 0.1001, 1.0)
+    zero = resolution_line("b", 0.5, 0.0)
+    assert zero == "b: a change under 0% of its largest value (0) passes"
+    assert "under 1.2e-05% of" in resolution_line("b", 1.23e-7, 1.0)
+
+
+def test_resolution_line_reads_the_budget_exactly_and_keeps_its_head_below_resolution() -> None:
+    assert "under 9.9% of" in resolution_line("b", 0.0993, 1.0)  # 10.03% would read "10%"
+    below = resolution_line("b", 0.25, 1.0)
+    assert below.startswith("b: a change under 25% of its largest value (1) passes: BELOW")
+    assert below.endswith("(a 10% bug on it is within its rounding noise)")
+    empty = torch.zeros(0, dtype=D)
+    assert second_noise(empty, empty, empty.bool()) == (0.0, 0.0)

@@ -48,6 +48,21 @@ def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
         assert r["evidence"]["killed_by"] == "param_grad", r["evidence"]
 
 
+def test_a_tiny_bias_takes_a_second_serial_sample_where_the_cp_side_shards_the_rows(
+        run: Run) -> None:
+    # 2x2: rows sharded over cp0 (2 pieces): the serial side again with its rows in 2
+    # interleaved chunks judges the 1-element bias; its resolution is in the evidence
+    ev = run.cell("relu_mlp[", having="2x2,bf16,autocast=off,reference,d_out=1]")["evidence"]
+    assert "rows split into 2 interleaved chunks" in ev["parity.second_sample"], ev
+    assert "fc2.bias: a change under " in ev["parity.resolution"], ev["parity.resolution"]
+    # 1x2: the CP side sums the rows in one piece, as serial does: no second sample
+    ev = run.cell("relu_mlp[", having="1x2,bf16,autocast=off,reference,d_out=1]")["evidence"]
+    assert "parity.second_sample" not in ev
+    # 16 elements or more everywhere: no tensor one sample cannot judge, no extra run
+    ev = run.cell("relu_mlp[", having="2x2,bf16,autocast=off,reference,d_out=16]")["evidence"]
+    assert "parity.second_sample" not in ev and "parity.resolution" not in ev
+
+
 @pytest.fixture(scope="module")
 def counts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     yield _run_with_mutants(tmp_path_factory, "buffers.yaml")

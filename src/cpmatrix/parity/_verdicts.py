@@ -19,7 +19,7 @@ from cpmatrix.parity.checks import (
     replicated_problems,
     sharding_problems,
 )
-from cpmatrix.parity.compare import Diff, compare_named, format_diffs
+from cpmatrix.parity.compare import POOL_BELOW, Diff, compare_named, format_diffs
 from cpmatrix.parity.errors import (
     CHECKS,
     Check,
@@ -29,6 +29,7 @@ from cpmatrix.parity.errors import (
     VacuousError,
     odd_input_fails,
 )
+from cpmatrix.parity.flips import resolution_line
 from cpmatrix.parity.tolerance import Tolerance
 
 __all__ = [
@@ -227,6 +228,11 @@ def emit(
             rec(f"{label}.twin_worst", f"{worst.name}: |cp - twin| {worst.twin_err:.3g} of "
                                        f"budget {worst.budget:.3g} (serial's own "
                                        f"{worst.serial_err:.3g})")
+        # what a tiny tensor's budget lets through, and where a 10% bug cannot fail
+        tiny = [resolution_line(d.name, d.budget, d.scale) for d in twin_judged
+                if d.numel < POOL_BELOW and d.rule in ("twin", "twin-pooled")]
+        if tiny:
+            rec(f"{label}.resolution", "; ".join(tiny))
     for key, value in {**verdicts.evidence, **extra}.items():
         rec(f"{label}.{key}", value)
     for check in CHECKS:

@@ -41,6 +41,8 @@ from cpmatrix.parity.flips import (
     allowed_flips,
     flip_verdict,
     probes_of,
+    second_noise,
+    second_of,
     unstable_mask,
 )
 from cpmatrix.parity.tolerance import Tolerance, TwinRule
@@ -131,6 +133,9 @@ class Diff:
     ratio: float | None = None
     #: The elements a rounding-sized probe flips, judged apart (None: no probe ran).
     flips: Flips | None = None
+    #: max |second - twin| of the serial side's second sample where it counted, else None.
+    second_err: float | None = None
+    scale: float = 0.0
 
     def line(self) -> str:
         text = (
@@ -140,6 +145,8 @@ class Diff:
         if self.rule != "table":
             what = "||cp - twin||" if self.rule == "twin-norm" else "|cp - twin|"
             pooled = ", noise pooled over the check" if self.rule == "twin-pooled" else ""
+            if self.second_err is not None:
+                pooled += f", a second serial sample's {self.second_err:.3g}"
             text += (f"; {what} {self.twin_err:.3g} vs budget {self.budget:.3g} "
                      f"(serial's own {self.serial_err:.3g}{pooled})")
         if self.flips is not None and self.flips.unstable:
@@ -155,9 +162,7 @@ def _diff(
         return _leaf_diff(name, actual, expected)
     if actual.shape != expected.shape:
         note = f"shape {tuple(actual.shape)} != serial {tuple(expected.shape)}"
-        return Diff(
-            name, False, math.inf, math.inf, expected.numel(), expected.numel(), note
-        )
+        return Diff(name, False, math.inf, math.inf, expected.numel(), expected.numel(), note)
     numel = expected.numel()
     note = (
         "" if actual.dtype == expected.dtype else f"dtype {actual.dtype} != serial {expected.dtype}"
@@ -165,11 +170,13 @@ def _diff(
     if numel == 0:  # nothing to differ, but the shape (above) and dtype must still agree
         return Diff(name, not note, 0.0, 0.0, 0, 0, note)
     a, e = actual.detach().cpu(), expected.detach().cpu()
+    rule, twin_err, serial_err, budget, scale = "table", 0.0, 0.0, 0.0, 0.0
+    flips: Flips | None = None
+    second: float | None = None
     if _exact(a) and _exact(e):
         # integers and bools: exact, in their own dtype (int64 beyond 2**53 has no float64
-        # twin), as assert_close does for them
+        # twin), as assert_close does for them; the evidence (max abs/rel) in float64
         bad_mask = a != e
-        # the evidence (max abs/rel) in float64, from the exact int64 difference
         abs_diff = (a.to(torch.int64) - e.to(torch.int64)).abs().double()
         e = e.double()
     else:
@@ -183,25 +190,22 @@ def _diff(
         finite = torch.isfinite(a) & torch.isfinite(e)
         abs_diff = torch.where(equal, 0.0, (a - e).abs())
         twin_t = _twin_of(twin, e)
-        flips: Flips | None = None
         if tol.twin is not None and twin_t is not None:
-            judged = judge(a, e, twin_t, tol.twin, pooled=pooled, probes=probes_of(twin, e))
+            sample = second_of(twin, e)
+            judged = judge(a, e, twin_t, tol.twin, pooled=pooled, probes=probes_of(twin, e),
+                           second=sample)
             rule, bad_mask, twin_err, serial_err, budget, flips = judged
+            usable, _, _, scale = _noise(e, twin_t)
+            if sample is not None and (numel < POOL_BELOW or rule == "twin-norm"):
+                second = second_noise(sample, twin_t, usable)[0]
         else:
             bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
-            rule, twin_err, serial_err, budget = "table", 0.0, 0.0, 0.0
-        nonzero = e != 0
-        rel = abs_diff[nonzero] / e.abs()[nonzero]
-        bad = int(bad_mask.sum())
-        return Diff(name, bad == 0 and not note, _worst(abs_diff),
-                    _worst(rel) if rel.numel() else 0.0, bad, numel, note, rule,
-                    twin_err, serial_err, budget, uniform_ratio(a, e) if bad else None, flips)
     nonzero = e != 0
     rel = abs_diff[nonzero] / e.abs()[nonzero]
-    max_abs = _worst(abs_diff)
-    max_rel = _worst(rel) if rel.numel() else 0.0
     bad = int(bad_mask.sum())
-    return Diff(name, bad == 0 and not note, max_abs, max_rel, bad, numel, note)
+    ratio = uniform_ratio(a, e) if bad and not _exact(a) else None
+    return Diff(name, bad == 0 and not note, _worst(abs_diff), _worst(rel) if rel.numel() else 0.0,
+                bad, numel, note, rule, twin_err, serial_err, budget, ratio, flips, second, scale)
 
 
 def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
@@ -218,8 +222,8 @@ def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
     return twin.detach().cpu()
 
 
-def _noise(serial: torch.Tensor, twin: torch.Tensor,
-           ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+def _noise(serial: torch.Tensor, twin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                               float, float]:
     """``(usable, |serial - twin| where usable, max of it, max |twin|)``: the serial side's
     rounding against the twin, and the value's scale."""
     usable = torch.isfinite(serial) & torch.isfinite(twin)
@@ -299,9 +303,12 @@ def judge(
     cp: torch.Tensor, serial: torch.Tensor, twin: torch.Tensor, rule: TwinRule,
     *, pooled: float = 0.0,
     probes: Probes | None = None,
+    second: torch.Tensor | None = None,
 ) -> _Judged:
-    """:func:`twin_verdict`, with the unstable elements' verdict (:class:`Flips`; None
-    without probes) as a sixth value."""
+    """:func:`twin_verdict`, with the flips' verdict (:class:`Flips`; None without probes)
+    as a sixth value. The ``second`` serial sample's noise (:func:`second_noise`) counts
+    in a tensor of fewer than :data:`POOL_BELOW` elements or a cancelling one
+    (``twin-norm``): docs/parity.md, "Tiny tensors"."""
     equal = cp == serial
     usable, _, _, scale = _noise(serial, twin)
     floor = rule.floor(scale)
@@ -312,9 +319,10 @@ def judge(
     serial_err = _worst(serial_abs) if serial_abs.numel() else 0.0
     cp_abs = torch.where(torch.isfinite(cp) & usable, (cp - twin).abs(), math.inf)
     cp_abs = torch.where(equal, 0.0, cp_abs)
+    second_max, second_norm = second_noise(second, twin, stable)
     if serial_err >= 0.5 * scale and bool(stable.any()):
         n = int(stable.sum())
-        serial_norm = float(torch.linalg.vector_norm(serial_abs))
+        serial_norm = max(float(torch.linalg.vector_norm(serial_abs)), second_norm)
         cp_norm = float(torch.linalg.vector_norm(torch.where(stable, cp_abs, 0.0)))
         budget = rule.factor * serial_norm + floor * math.sqrt(n)
         # the stable elements by their norms; the unstable ones as flips
@@ -323,16 +331,18 @@ def judge(
                                  rule.budget(serial_err=serial_err, scale=scale), rule.factor)
         bad = (torch.full(cp.shape, cp_norm > budget) & stable) | flip_bad
         return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget, flips
-    estimate = pooled * scale if cp.numel() < POOL_BELOW else 0.0
+    tiny = cp.numel() < POOL_BELOW
+    estimate = pooled * scale if tiny else 0.0
+    own = max(serial_err, second_max) if tiny else serial_err
     if probes is not None:
         # a step check (the twin probed): the tensor's own noise times the factor, plus
         # one typical draw of its check's noise (docs/parity.md, "Tensors of one or a few
         # elements")
         name = "twin-pooled" if estimate > 0.0 else "twin"
-        budget = rule.budget(serial_err=serial_err, scale=scale) + estimate
+        budget = rule.budget(serial_err=own, scale=scale) + estimate
     else:
-        name = "twin-pooled" if estimate > serial_err else "twin"
-        budget = rule.budget(serial_err=max(serial_err, estimate), scale=scale)
+        name = "twin-pooled" if estimate > own else "twin"
+        budget = rule.budget(serial_err=max(own, estimate), scale=scale)
     flips, bad = flip_verdict(cp_abs, serial, twin, probes, unstable, stable | ~usable, equal,
                         budget, rule.factor)
     stable_cp = torch.where(unstable, 0.0, cp_abs)
@@ -409,9 +419,7 @@ def _leaf_diff(name: str, actual: Any, expected: Any) -> Diff:
     """
     if (actual is None) != (expected is None):
         missing = "CP" if actual is None else "serial"
-        return Diff(
-            name, False, math.inf, math.inf, 0, 0, f"missing on the {missing} side"
-        )
+        return Diff(name, False, math.inf, math.inf, 0, 0, f"missing on the {missing} side")
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
         note = f"{type(actual).__name__} != serial {type(expected).__name__}"
         return Diff(name, False, math.inf, math.inf, 1, 1, note)
@@ -423,9 +431,7 @@ def _leaf_diff(name: str, actual: Any, expected: Any) -> Diff:
     return Diff(name, same, 0.0 if same else math.inf, 0.0, int(not same), 1, note)
 
 
-def compare_named(
-    pairs: Mapping[str, tuple[Any, ...]], tol: Tolerance
-) -> list[Diff]:
+def compare_named(pairs: Mapping[str, tuple[Any, ...]], tol: Tolerance) -> list[Diff]:
     """One :class:`Diff` per name, ``pairs[name] = (actual_cp, expected_serial)`` or
     ``(actual_cp, expected_serial, fp64_twin)``.
 
@@ -442,8 +448,8 @@ def compare_named(
         return [_diff(name, a, e, tol, t, pooled) for name, a, e, t in full]
 
 
-def _serial_and_twin(full: list[tuple[str, Any, Any, Any]], rule: TwinRule,
-                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _serial_and_twin(full: list[tuple[str, Any, Any, Any]],
+                     rule: TwinRule) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(serial, twin) in float64 (or complex128) for each tensor a twin can judge; the
     serial side's unstable elements (:func:`unstable_mask`) set to the twin's value: a
     flip is no sample of the rounding."""

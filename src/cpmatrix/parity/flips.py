@@ -11,6 +11,11 @@ are judged as a population of their own (:func:`flip_verdict`): about as many as
 serial side or one probe moved (:func:`allowed_flips`), each within the reach of a flip.
 Derivation and measurements: docs/parity.md, "Discrete decisions".
 
+Where one serial sample cannot judge (a tensor of a few elements, a cancelling sum), a
+twin value carries the serial side's second sample in the cell's precision
+(:attr:`Probed.second`, :func:`second_noise`), and the evidence names what a tiny tensor's
+budget lets pass (:func:`resolution_line`): docs/parity.md, "The second serial sample".
+
 Example::
 
     >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
@@ -27,6 +32,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "BUG_SIZE",
     "NAMED_FLIPS",
     "PROBE_ULPS",
     "Flips",
@@ -35,6 +41,9 @@ __all__ = [
     "allowed_flips",
     "flip_verdict",
     "probes_of",
+    "resolution_line",
+    "second_noise",
+    "second_of",
     "unstable_mask",
 ]
 
@@ -49,6 +58,12 @@ PROBE_ULPS = 2.0
 #: At most this many flipped elements are named in the evidence (the count is always given).
 NAMED_FLIPS = 5
 
+#: The bug size the evidence measures a tiny tensor's resolution against: a tensor whose
+#: budget is above this fraction of its largest value is named BELOW RESOLUTION (a bug of
+#: this size on it is within its rounding noise and cannot fail: docs/parity.md, "Tiny
+#: tensors").
+BUG_SIZE = 0.1
+
 
 @dataclass(frozen=True, slots=True)
 class Probed:
@@ -58,10 +73,15 @@ class Probed:
     ``(plus, minus, plus, minus, ...)``, one pair per sign pattern. Where the value is a
     smooth function of those, ``plus + minus - 2 * value`` is second order in ``d``
     (tiny); where a discrete decision flips under one of them (a ReLU mask, a top-k
-    routing) it is the size of the jump (:func:`unstable_mask`)."""
+    routing) it is the size of the jump (:func:`unstable_mask`).
+
+    ``second``: the serial side's second sample in the cell's precision, upcast (its rows
+    split, :mod:`cpmatrix.parity._second`): a second draw of the rounding noise for the
+    tensors one draw cannot judge (:func:`second_noise`); None where none was taken."""
 
     value: torch.Tensor
     probes: tuple[torch.Tensor, ...]
+    second: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +136,48 @@ def probes_of(twin: Any, expected: torch.Tensor) -> Probes | None:
     if any(p is None for p in probes):
         return None
     return probes  # type: ignore[return-value]
+
+
+def second_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
+    """A :class:`Probed` twin value's second serial sample, when it can judge
+    ``expected`` as the twin value itself can; None otherwise."""
+    second = twin.second if isinstance(twin, Probed) else None
+    return None if second is None else _as_twin(second, expected)
+
+
+def second_noise(second: torch.Tensor | None, twin: torch.Tensor,
+                 stable: torch.Tensor) -> tuple[float, float]:
+    """The second serial sample's rounding over the ``stable`` elements: ``(max, 2-norm)``
+    of ``|second - twin|`` (a flip is no sample of the rounding); ``(0.0, 0.0)`` without
+    one. An element not finite in the sample counts as none (it bounds nothing).
+
+    >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
+    >>> second_noise(t + torch.tensor([0.5, -0.75, 8.0], dtype=torch.float64), t,
+    ...              torch.tensor([True, True, False]))
+    (0.75, 0.9013878188659973)
+    """
+    if second is None:
+        return 0.0, 0.0
+    err = torch.where(stable & second.isfinite(), (second - twin).abs(), 0.0)
+    if not err.numel():
+        return 0.0, 0.0
+    return float(err.max()), float(torch.linalg.vector_norm(err))
+
+
+def resolution_line(name: str, budget: float, scale: float) -> str:
+    """What a tiny tensor's budget lets through, as a fraction of its largest value, and
+    whether a :data:`BUG_SIZE` bug on it can fail at all.
+
+    >>> resolution_line("b", 0.05, 1.0)
+    'b: a change under 5% of its largest value (1) passes'
+    >>> resolution_line("b", 0.25, 0.5)[49:]
+    'passes: BELOW RESOLUTION (a 10% bug on it is within its rounding noise)'
+    """
+    frac = budget / scale if scale > 0.0 else 0.0
+    text = f"{name}: a change under {100 * frac:.2g}% of its largest value ({scale:.3g}) passes"
+    if frac > BUG_SIZE:
+        text += f": BELOW RESOLUTION (a {BUG_SIZE:.0%} bug on it is within its rounding noise)"
+    return text
 
 
 def unstable_mask(twin: torch.Tensor, probes: Probes, threshold: float) -> torch.Tensor:

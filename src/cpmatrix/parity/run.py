@@ -43,6 +43,7 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
+from cpmatrix.parity._second import attach, needs_second, row_shards, second_sample
 from cpmatrix.parity._step import (
     ContextFactory,
     EnterStep,
@@ -271,6 +272,7 @@ def _check_step(
                 cell.mesh,
             ),
         )
+        s_start = buffer_copies(serial) if twin.ok else {}
         with autocast_ctx(cell):
             s_out = serial(**ins.serial)
         s_leaves = dict(flatten(s_out))
@@ -288,7 +290,15 @@ def _check_step(
     record_warnings(verdicts, warns)
     if twin.ok and tol.twin is not None:
         _run_twin(twin, t_ins, t_leaves, s_grads)
+        compared = {**serial_params, **s_leaves, **{n: x.serial for n, x in ins.leaves.items()}}
+        parts = row_shards(ins.cp)  # the second sample only where one sample cannot judge
+        sample = second_sample(serial, s_start, ins.serial, list(ins.leaves), s_leaves, s_grads,
+                               twin, parts, lambda: autocast_ctx(cell)) \
+            if twin.ok and parts > 1 and needs_second(compared) else None
         run_probes(twin, t_ins, list(t_leaves), s_grads, tol.twin.eps)
+        if sample is not None:
+            attach(twin, sample)
+            verdicts.evidence["second_sample"] = sample.line()
     verdicts.evidence["twin"] = twin_line(tol, twin)
 
     check_sharding_active(cell, verdicts, ins, c_leaves, cp, cp_params, activations)
