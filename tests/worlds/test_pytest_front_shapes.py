@@ -127,3 +127,19 @@ def test_deepspeed_classes_get_what_its_launcher_gives(tmp_path: Path) -> None:
                           "::test_local_size_and_the_group"] == "passed"
     assert "TestWithoutInit: runs as without cpmatrix: its class sets init_distributed = " \
         "False" in front.output
+
+
+def test_pytest_exit_in_a_spawned_ranks_body_fails_only_its_test(tmp_path: Path) -> None:
+    # torch's worker catches it as any exception: the test fails, the next one runs.
+    native, front = _both(tmp_path, "shapes/test_exit_in_body.py")
+    _same(native, front, 2)
+    assert sorted(native.outcomes.values()) == ["failed", "passed"]
+
+
+def test_pytest_exit_in_a_fixture_ends_the_session_as_natively(tmp_path: Path) -> None:
+    # The fixture runs in the pytest process natively: the session ends with the exit's
+    # return code, the tests before it reported, the exiting one and those after it not.
+    native, front = _both(tmp_path, "shapes/test_exit_in_fixture.py")
+    _same(native, front, 1)
+    assert native.rc == 3
+    assert "Exit: planted pytest.exit in a fixture" in front.output
