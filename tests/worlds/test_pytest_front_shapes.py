@@ -143,3 +143,19 @@ def test_pytest_exit_in_a_fixture_ends_the_session_as_natively(tmp_path: Path) -
     _same(native, front, 1)
     assert native.rc == 3
     assert "Exit: planted pytest.exit in a fixture" in front.output
+
+
+def test_the_users_build_cache_is_found_by_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each world has a HOME of its own, but what the user's runs built into the user's
+    # cache folder (~/.cache/torch_extensions) is found, as natively.
+    home = tmp_path / "home"
+    built = home / ".cache" / "cpmatrix_shape_extensions" / "built"
+    built.parent.mkdir(parents=True)
+    built.write_text("a build of an earlier run\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    native, front = _both(tmp_path, "shapes/test_user_cache.py")
+    _same(native, front, 1)
+    assert set(native.outcomes.values()) == {"passed"}
