@@ -153,3 +153,35 @@ def test_a_failing_or_skipping_rank_cuts_its_waiting_peer_off_at_once(tmp_path: 
     assert "skip not agreed: skipped on rank 0 (planted: rank 0 only), rank 1 cut off " \
         "waiting for it in a collective" in skipped, skipped
     assert "(1 world start)" in front.output, front.output[-3000:]
+
+
+def test_pytest_exit_in_a_spawned_ranks_body_fails_only_its_test(tmp_path: Path) -> None:
+    # torch's worker catches it as any exception: the test fails, the next one runs.
+    native, front = _both(tmp_path, "shapes/test_exit_in_body.py")
+    _same(native, front, 2)
+    assert sorted(native.outcomes.values()) == ["failed", "passed"]
+
+
+def test_pytest_exit_in_a_fixture_ends_the_session_as_natively(tmp_path: Path) -> None:
+    # The fixture runs in the pytest process natively: the session ends with the exit's
+    # return code, the tests before it reported, the exiting one and those after it not.
+    native, front = _both(tmp_path, "shapes/test_exit_in_fixture.py")
+    _same(native, front, 1)
+    assert native.rc == 3
+    assert "Exit: planted pytest.exit in a fixture" in front.output
+
+
+def test_the_users_build_cache_is_found_by_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each world has a HOME of its own, but what the user's runs built into the user's
+    # cache folder (~/.cache/torch_extensions) is found, as natively.
+    home = tmp_path / "home"
+    built = home / ".cache" / "cpmatrix_shape_extensions" / "built"
+    built.parent.mkdir(parents=True)
+    built.write_text("a build of an earlier run\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    native, front = _both(tmp_path, "shapes/test_user_cache.py")
+    _same(native, front, 1)
+    assert set(native.outcomes.values()) == {"passed"}

@@ -29,6 +29,7 @@ from cpmatrix.matrix.pytest_verdict import Verdict
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.pytest_front.adapter import FrontSettings, run_tests
 from cpmatrix.pytest_front.collected import session_of, tests_of
+from cpmatrix.pytest_front.exits import SessionExit
 from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
@@ -55,6 +56,7 @@ class Controller:
         self._done: dict[str, list[tuple[str, Verdict, Any, Result, Entry]]] = {}
         self._warned: set[tuple[str, str, str, int]] = set()
         self._stopping = False
+        self._exit = SessionExit(())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: Any) -> bool:
@@ -89,6 +91,7 @@ class Controller:
         cells = cells_for(tests, session_of(self.config), platform=self.platform,
                           timeout_s=self.timeout_s)
         self.tests = len(tests)
+        self._exit = SessionExit([item.nodeid for item in session.items])
         for cell in cells:
             nodeid = cell_test(cell)["nodeid"]
             self._items[cell.id] = by_nodeid[nodeid]
@@ -98,6 +101,8 @@ class Controller:
                                     on_result=self._on_result)
         except UsageError as exc:
             raise pytest.UsageError(f"cpmatrix: {exc}") from None
+        if self._exit.exit is not None:
+            pytest.exit(self._exit.exit[0], returncode=self._exit.exit[1])
         if self._stopping:
             self._check_stop(session)
         if self.report.stopped_by is not None:
@@ -113,15 +118,20 @@ class Controller:
         item = self._items[entry.cell.id]
         verdict, records = judge_files(self.settings.out / entry.out_dir,
                                        entry.cell.world_size, result, item.nodeid)
-        self._done.setdefault(item.nodeid, []).append(
-            (str(entry.cell.mesh), verdict, records, result, entry))
         pending = self._pending[item.nodeid]
-        pending.remove(entry.cell.id)
-        if pending:
-            return
-        self._log(item, self._done.pop(item.nodeid))
+        if entry.cell.id in pending:  # not after an exit cleared it
+            pending.remove(entry.cell.id)
+        if self._exit.note(item.nodeid, records) or not self._exit.reports(item.nodeid):
+            pending.clear()  # natively never reported: the session ended before it
+        else:
+            self._done.setdefault(item.nodeid, []).append(
+                (str(entry.cell.mesh), verdict, records, result, entry))
+            if pending:
+                return
+            self._log(item, self._done.pop(item.nodeid))
         session = item.session
-        if (session.shouldfail or session.shouldstop) and not self._stopping:
+        stop = session.shouldfail or session.shouldstop or self._exit.settled(self._pending)
+        if stop and not self._stopping:
             self._stopping = True
             raise StopRequested(signal.SIGINT)  # the run stops its worlds; we re-raise
 

@@ -96,7 +96,8 @@ def _seed() -> None:
 
 def _as_rank(fn: Callable[..., Any], ready: Callable[[], None]) -> Callable[..., Any]:
     """The test method, run as a torch worker runs it: ``ready()`` first (if the harness
-    did not become the rank in ``setUp``), a skip code's ``sys.exit`` a skip."""
+    did not become the rank in ``setUp``), a skip code's ``sys.exit`` a skip, a
+    ``pytest.exit()`` a failure of the test."""
 
     @functools.wraps(fn)  # keeps __unittest_expecting_failure__ and skip attributes
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -108,6 +109,15 @@ def _as_rank(fn: Callable[..., Any], ready: Callable[[], None]) -> Callable[...,
             if message is not None:
                 raise unittest.SkipTest(message) from None
             raise
+        except Exception as exc:
+            import pytest
+
+            if not isinstance(exc, pytest.exit.Exception):
+                raise
+            # torch's worker catches it as any exception and exits with its error code:
+            # the test fails, the session goes on (pytest would end it here).
+            raise RuntimeError(f"pytest.exit() in a spawned rank's test fails the test, "
+                               f"as in torch's worker: {exc.msg}") from exc
 
     return run
 

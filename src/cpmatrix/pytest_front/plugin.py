@@ -113,8 +113,9 @@ def _controller(config: Any) -> Any:
     except UsageError as exc:
         raise pytest.UsageError(f"cpmatrix: {exc}") from None
     settings = FrontSettings(out=out_path, rootdir=Path(config.rootpath), options=options)
-    return Controller(config, settings, platform_for(device, os.environ),
-                      timeout_s=max(1, math.ceil(timeout)))
+    # The local runner can write the user's cache folder (a sandbox or container cannot).
+    platform = platform_for(device, os.environ, user_cache=options.runner == "local")
+    return Controller(config, settings, platform, timeout_s=max(1, math.ceil(timeout)))
 
 
 def pytest_report_header(config: Any) -> str | None:

@@ -24,6 +24,7 @@ when a world starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -152,6 +153,8 @@ def case(cell: CellContext) -> None:
         _CELL = None
     _tell_peers(phases)
     failed = [p for p in phases if p["kind"] in ("failed", "xfailed")]
+    if state.plugin.last_exit is not None:
+        raise PytestFailure(f"pytest.exit() on rank {cell.rank}: {state.plugin.last_exit}")
     if failed:
         p = failed[0]
         # One line: the report says the rest (and the log cuts this block on that line).
@@ -255,6 +258,8 @@ class _RankSession:
     def run(self, item: Any, nextitem: Any, cell: CellContext,
             dialect: Any) -> list[dict[str, Any]]:
         """Run ``item`` once; its classified phases (also written to the cell's folder)."""
+        import pytest
+
         from cpmatrix.pytest_front.inrank import in_test
 
         out = Path(cell.out_dir) / REPORTS_FILE
@@ -262,6 +267,14 @@ class _RankSession:
         try:
             with in_test(item, cell, dialect, workdir=self.spec.dir):
                 item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        except pytest.exit.Exception as exc:
+            # Natively it ends the pytest process it ran in (a fixture, a setUp, a
+            # DeepSpeed test: the session): the controller ends its session with it.
+            # This rank's session survives it: the test's fixtures and nodes torn down,
+            # so the next test sets up as after a finished one.
+            self.plugin.exited(exc)
+            with contextlib.suppress(Exception):
+                item.session._setupstate.teardown_exact(None)
         finally:
             phases = self.plugin.end()
         return phases
@@ -277,6 +290,8 @@ class _RankPlugin:
         self.config: Any = None
         #: The first failed subtest report of each phase of the test running now.
         self._subfailed: dict[str, Any] = {}
+        #: The message of the ``pytest.exit()`` the test running now called, if any.
+        self.last_exit: str | None = None
 
     def begin(self, nodeid: str, rank: int, size: int, out: Path, config: Any) -> None:
         self.config = config
@@ -284,7 +299,15 @@ class _RankPlugin:
         self.record = {"nodeid": nodeid, "rank": rank, "size": size, "phases": [],
                        "reports": [], "warnings": [], "cut_off": []}
         self._subfailed = {}
+        self.last_exit = None
         self._write()
+
+    def exited(self, exc: Any) -> None:
+        """The test called ``pytest.exit()`` where it ends the session natively."""
+        self.last_exit = str(exc.msg)
+        if self.record is not None:
+            self.record["exit"] = {"msg": str(exc.msg), "returncode": exc.returncode}
+            self._write()
 
     def end(self) -> list[dict[str, Any]]:
         record, self.record = self.record, None
