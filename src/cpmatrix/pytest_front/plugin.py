@@ -114,7 +114,9 @@ def _controller(config: Any) -> Any:
         raise pytest.UsageError(f"cpmatrix: {exc}") from None
     settings = FrontSettings(out=out_path, rootdir=Path(config.rootpath), options=options)
     # The local runner can write the user's cache folder (a sandbox or container cannot).
-    platform = platform_for(device, os.environ, user_cache=options.runner == "local")
+    from cpmatrix.run.runners.local import LocalRunner
+
+    platform = platform_for(device, os.environ, user_cache=options.runner == LocalRunner.name)
     return Controller(config, settings, platform, timeout_s=max(1, math.ceil(timeout)))
 
 
