@@ -26,7 +26,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
     # ... its in-rank runner with the code that runs in the worlds' ranks ...
-    ("cpmatrix.remote", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank"),
+    ("cpmatrix.remote", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank",
+     "cpmatrix.pytest_front.preload"),
     ("cpmatrix.report",),
     ("cpmatrix.run",),
     # ... and the plugin, its controller and collector on top of the run they call.

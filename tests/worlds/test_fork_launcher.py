@@ -122,3 +122,18 @@ def test_profile_is_a_run_option_the_ranks_read_from_the_world_file(tmp_path: Pa
         assert json.loads(folder.world_file.read_text())["profile"] is profile
         log = folder.rank_log(0).read_text()
         assert ("PROFILE env=" in log) is profile, log
+
+
+def test_a_thread_started_by_the_worlds_early_imports_means_new_processes(
+    tmp_path: Path,
+) -> None:
+    # Alone before before_fork, not after it: the ranks are started as new interpreters
+    # (as torchrun does), never forked beside a thread.
+    proc = launch(tmp_path, "fork_threaded_late")
+    output = finish(proc, tmp_path)
+    assert proc.returncode == 0, output
+    assert "starting the ranks as new processes" in output
+    lines = [(tmp_path / f"rank{r}.pid").read_text().split() for r in range(3)]
+    assert {size for _, size, _ in lines} == {"3"}
+    # Each rank imported the target itself: not a fork of the launcher.
+    assert all(pid == imported for pid, _, imported in lines), lines

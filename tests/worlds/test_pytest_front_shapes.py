@@ -8,6 +8,9 @@ asserts every test ends the same way.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -185,3 +188,47 @@ def test_the_users_build_cache_is_found_by_the_ranks(
     native, front = _both(tmp_path, "shapes/test_user_cache.py")
     _same(native, front, 1)
     assert set(native.outcomes.values()) == {"passed"}
+
+
+def _distribution(site: Path, name: str, plugin: bool) -> None:
+    """An installed (non-editable) distribution: a package and a RECORD naming its files;
+    ``plugin``: it registers a ``pytest11`` plugin (its top module)."""
+    pkg = site / name
+    pkg.mkdir(parents=True)
+    loaded = "import os\nLOADED_IN = os.getpid()\n"
+    (pkg / "__init__.py").write_text(loaded)
+    (pkg / "extra.py").write_text(loaded)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{name}/extra.py,,\n"
+                                 f"{name}-1.0.dist-info/METADATA,,\n"
+                                 f"{name}-1.0.dist-info/RECORD,,\n")
+    if plugin:
+        (info / "entry_points.txt").write_text(f"[pytest11]\n{name} = {name}\n")
+
+
+def test_installed_modules_the_tests_import_are_imported_once_before_the_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    _distribution(site, "cpmx_shape_installed", plugin=False)
+    _distribution(site, "cpmx_shape_plugin", plugin=True)
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), path) if p))
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    monkeypatch.setenv("CPMATRIX_SHAPE_FACTS", str(facts))
+    front = pytest_run(["--cpmatrix", f"--cpmatrix-out={tmp_path / 'out'}",
+                        "shapes/test_preloaded.py"], tmp_path / "front.xml")
+    assert set(front.outcomes.values()) == {"passed"}, front.output[-4000:]
+    ranks = [json.loads(p.read_text()) for p in facts.glob("*.json")]
+    assert len(ranks) == 2, front.output[-3000:]
+    # The installed module: imported once, by the launcher, before either rank existed.
+    assert len({r["installed"] for r in ranks}) == 1
+    assert all(r["installed"] != r["pid"] for r in ranks)
+    # The plugin's package: imported by each rank's own pytest session, never earlier.
+    assert all(r["plugin"] == r["pid"] for r in ranks)
+    launcher = (tmp_path / "out").glob("worlds/*/torchrun.log")
+    assert any(re.search(r"imported [1-9]\d* installed modules", p.read_text())
+               for p in launcher)

@@ -29,7 +29,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,8 @@ from cpmatrix.matrix.pytest_records import REPORTS_FILE
 from cpmatrix.matrix.pytest_spec import KIND, PytestSession
 from cpmatrix.remote.protocol import WorldFolder, WorldSpec
 
-__all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "case", "current_cell", "pinned_args",
-           "prepare"]
+__all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "before_fork", "case", "current_cell",
+           "pinned_args", "prepare"]
 
 #: Added to the rank's command line: pytest-timeout must not act in a rank (cpmatrix
 #: owns timeouts: a hang is cut with every rank's stack), and output goes to the rank's
@@ -115,6 +115,21 @@ class SessionError(Exception):
 def current_cell() -> CellContext | None:
     """The cell running now in this rank (the ``cell`` fixture), None outside one."""
     return _CELL
+
+
+def before_fork(world: WorldSpec, installed: Callable[[str], bool]) -> list[str]:
+    """In the fork launcher, before the ranks exist: import the installed modules the
+    world's test files import, once for every rank (:mod:`cpmatrix.pytest_front.preload`);
+    ``installed(path)`` tells an installed file. The names imported."""
+    from cpmatrix.pytest_front.preload import preload
+
+    cells = [c for c in world.cells if c.kind == KIND]
+    if not cells:
+        return []
+    spec = PytestSession.from_json(str(cells[0].params["session"]))
+    root = Path(spec.rootdir)
+    files = dict.fromkeys(str(root / str(c.params["nodeid"]).split("::", 1)[0]) for c in cells)
+    return preload(files, spec.rootdir, [p for p in spec.sys_path if p], installed)
 
 
 def prepare(world: WorldSpec, rank: int) -> None:

@@ -108,6 +108,28 @@ def _child(rank: int, args: argparse.Namespace, target: Any) -> None:
             os._exit(code)
 
 
+_SPAWNED: list[Any] = []
+#: A spawned rank: the target module's ``main(argv)``, as a forked rank calls it.
+_SPAWNED_MAIN = ("import importlib, sys\n"
+                 "code = importlib.import_module(sys.argv[1]).main(sys.argv[2:])\n"
+                 "sys.exit(code if isinstance(code, int) else 0)\n")
+
+
+def _spawn(args: argparse.Namespace) -> dict[int, int]:
+    """Each rank a new interpreter calling the target module's ``main`` (which sets its
+    own parent-death signal: ``world_main``); pid -> rank."""
+    import subprocess
+
+    pids: dict[int, int] = {}
+    for rank in range(args.nproc):
+        env = {**os.environ, **_rank_env(rank, args.nproc, args.master_addr, args.master_port)}
+        proc = subprocess.Popen([sys.executable, "-c", _SPAWNED_MAIN, args.module, *args.args],
+                                env=env)
+        _SPAWNED.append(proc)  # reaped by _supervise's waitpid; kept from the collector
+        pids[proc.pid] = rank
+    return pids
+
+
 def _root_cause(run: str, rank: int, pid: int, status: int) -> RootCause:
     return RootCause(run=run, rank=rank, exitcode=os.waitstatus_to_exitcode(status), pid=pid,
                      time=time.time())
@@ -134,12 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     # What every rank would build alike right after the fork (world_main's snapshot of
     # the module namespaces, ~0.1-0.4 s): built once here, inherited by the ranks.
     prepare = getattr(target, "before_fork", None)
+    alone = _threads() == 1
     if callable(prepare):
         prepare(list(args.args))
     import torch
 
     threads = _threads()
     cuda = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+    if alone and threads != 1 and not cuda:
+        # What ``before_fork`` imported for the ranks started a thread: start each rank
+        # as a fresh interpreter instead (as torchrun does; slower, never unsafe).
+        print(f"forkrun: {threads} threads after the world's imports; starting the ranks "
+              "as new processes instead of forking", file=sys.stderr, flush=True)
+        return _supervise(_spawn(args), args)
     if threads != 1 or cuda:
         # A forked child gets only the forking thread: a lock another thread held (an
         # OpenMP pool, CUDA's) would stay locked forever in every rank.

@@ -141,7 +141,23 @@ def before_fork(argv: list[str]) -> None:
     world = read_typed(argv[0], WorldSpec) if len(argv) == 1 else None
     if world is not None:
         install_p2p_counter()  # part of torch as every cell sees it (remote/hygiene.py)
+        if world.prepare:
+            _before_prepare(world)
         _PREBUILT.append(NamespaceWatch(world.project_roots))
+
+
+def _before_prepare(world: WorldSpec) -> None:
+    """The ``before_fork(world, installed)`` of the world's prepare module, if it has one:
+    what every rank's prepare step would do alike (the pytest front: import the installed
+    modules the test files import), done once. ``installed(path)``: a file of the standard
+    library or of a non-editable distribution (what the cache's observer leaves out)."""
+    module = importlib.import_module(world.prepare.partition(":")[0])
+    hook = getattr(module, "before_fork", None)
+    if callable(hook):
+        classifier = warm()
+        names = hook(world, lambda path: not classifier.observed(path))
+        print(f"cpmatrix worker: imported {len(names)} installed modules the world's "
+              "prepare step needs before the fork", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
