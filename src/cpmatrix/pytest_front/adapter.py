@@ -26,10 +26,12 @@ from pathlib import Path
 
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.result import Result
+from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.pipeline import Entry, RunReport, execute_cells
+from cpmatrix.run.setup import children_pythonpath
 
-__all__ = ["FrontSettings", "platform_for", "run_tests"]
+__all__ = ["FrontSettings", "platform_for", "run_tests", "start_spare"]
 
 #: Variables of the user's environment the ranks never see: the world sets its own (the
 #: rank's identity, its home and temporary folders, the import path).
@@ -80,16 +82,40 @@ def platform_for(device: str, env: Mapping[str, str], *, user_cache: bool = Fals
 
 def run_tests(cells: Sequence[Cell], settings: FrontSettings, *, platform: Platform,
               on_result: Callable[[Entry, Result], None],
-              on_start: Callable[[int], None] | None = None) -> RunReport:
-    """Run ``cells`` in cpmatrix's worlds; ``on_result`` sees each result as it comes.
+              on_start: Callable[[int], None] | None = None,
+              spare: Spare | None = None) -> RunReport:
+    """Run ``cells`` in cpmatrix's worlds; ``on_result`` sees each result as it comes;
+    ``spare``: a launcher started earlier (:func:`start_spare`) for the first world.
 
     Raises :class:`~cpmatrix.errors.UsageError` for what cannot run here (the output
     folder in use, no GPU for cuda cells).
     """
-    pythonpath = tuple(p for p in settings.env.get("PYTHONPATH", "").split(os.pathsep)
-                       if p and os.path.isdir(p))
     # No matrix file: the run's own, made here. Its folder is the rootdir.
     matrix = Matrix(path=str(settings.rootdir / "pytest"), version=1, platforms=(platform,),
-                    targets=(), pythonpath=tuple(os.path.abspath(p) for p in pythonpath))
+                    targets=(), pythonpath=_pythonpath(settings.env))
     options = replace(settings.options, out=str(settings.out))
-    return execute_cells(options, matrix, cells, on_result=on_result, on_start=on_start)
+    return execute_cells(options, matrix, cells, on_result=on_result, on_start=on_start,
+                         spare=spare)
+
+
+def _pythonpath(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The user's ``PYTHONPATH`` folders (those that exist), absolute: the run's own."""
+    return tuple(os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and os.path.isdir(p))
+
+
+def start_spare(settings: FrontSettings, platform: Platform) -> Spare | None:
+    """A fork launcher started now, for the run's first world (it imports torch while
+    the plugin collects: :mod:`cpmatrix.run.executors.spare`); None where no world of
+    this run could take it (another runner or launcher, a GPU platform)."""
+    from cpmatrix.run.runners.local import LocalRunner
+
+    options = settings.options
+    if options.runner != LocalRunner.name or options.launcher != "fork" \
+            or platform.device != "cpu":
+        return None
+    try:
+        return Spare.start(options.python, os.environ, platform.env,
+                           children_pythonpath(_pythonpath(settings.env)))
+    except OSError:  # no spare: the world starts its launcher as usual
+        return None

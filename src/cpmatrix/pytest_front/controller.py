@@ -33,6 +33,7 @@ from cpmatrix.pytest_front.exits import SessionExit
 from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.pipeline import RunReport
 from cpmatrix.run.stopping import StopRequested
 
@@ -43,8 +44,11 @@ class Controller:
     """The ``--cpmatrix`` run loop (a pytest plugin object)."""
 
     def __init__(self, config: Any, settings: FrontSettings, platform: Platform,
-                 timeout_s: int) -> None:
+                 timeout_s: int, spare: Spare | None = None) -> None:
         self.config = config
+        #: The first world's launcher, started at configure (None: none); ended with
+        #: the session whether a world took it or not.
+        self.spare = spare
         self.settings = settings
         self.platform = platform
         self.timeout_s = timeout_s
@@ -80,6 +84,10 @@ class Controller:
             self._run_worlds(session, tests)
         return True
 
+    def pytest_unconfigure(self, config: Any) -> None:
+        if self.spare is not None:
+            self.spare.close()
+
     def _check_stop(self, session: Any) -> None:
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
@@ -98,7 +106,7 @@ class Controller:
             self._pending.setdefault(nodeid, []).append(cell.id)
         try:
             self.report = run_tests(cells, self.settings, platform=self.platform,
-                                    on_result=self._on_result)
+                                    on_result=self._on_result, spare=self.spare)
         except UsageError as exc:
             raise pytest.UsageError(f"cpmatrix: {exc}") from None
         if self._exit.exit is not None:

@@ -92,32 +92,37 @@ def pytest_configure(config: Any) -> None:
 def _controller(config: Any) -> Any:
     from cpmatrix.defaults import TIMEOUT_S
     from cpmatrix.errors import UsageError
-    from cpmatrix.pytest_front.adapter import FrontSettings, platform_for
+    from cpmatrix.pytest_front.adapter import FrontSettings, platform_for, start_spare
     from cpmatrix.pytest_front.controller import Controller
     from cpmatrix.run.options import RunOptions
+    from cpmatrix.run.runners.local import LocalRunner
 
-    device = config.getoption("cpmatrix_device")
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = config.getoption("cpmatrix_out")
-    out_path = Path(out).resolve() if out else Path(config.rootpath, ".cpmatrix", "pytest")
-    timeout = config.getoption("cpmatrix_timeout")
-    if timeout is None:
-        native = config.getoption("timeout", None)  # pytest-timeout's --timeout / ini
-        timeout = float(native) if native else float(TIMEOUT_S)
     try:
         options = RunOptions.from_pytest(
             config.getoption, no_cache=not config.getoption("cpmatrix_cache"), plain=True)
     except UsageError as exc:
         raise pytest.UsageError(f"cpmatrix: {exc}") from None
+    out = config.getoption("cpmatrix_out")
+    out_path = Path(out).resolve() if out else Path(config.rootpath, ".cpmatrix", "pytest")
     settings = FrontSettings(out=out_path, rootdir=Path(config.rootpath), options=options)
     # The local runner can write the user's cache folder (a sandbox or container cannot).
-    from cpmatrix.run.runners.local import LocalRunner
+    user_cache = options.runner == LocalRunner.name
+    device = config.getoption("cpmatrix_device")
+    # The first world's launcher starts now, before torch is imported here: its imports
+    # run while this process collects (a run without multi-rank tests kills it).
+    spare = None if device == "cuda" or config.getoption("collectonly") else start_spare(
+        settings, platform_for("cpu", os.environ, user_cache=user_cache))
+    if device == "auto":
+        import torch
 
-    platform = platform_for(device, os.environ, user_cache=options.runner == LocalRunner.name)
-    return Controller(config, settings, platform, timeout_s=max(1, math.ceil(timeout)))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    timeout = config.getoption("cpmatrix_timeout")
+    if timeout is None:
+        native = config.getoption("timeout", None)  # pytest-timeout's --timeout / ini
+        timeout = float(native) if native else float(TIMEOUT_S)
+    platform = platform_for(device, os.environ, user_cache=user_cache)
+    return Controller(config, settings, platform, timeout_s=max(1, math.ceil(timeout)),
+                      spare=spare)
 
 
 def pytest_report_header(config: Any) -> str | None:

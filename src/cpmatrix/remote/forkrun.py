@@ -5,6 +5,10 @@ Usage (the supervisor builds this command, in place of ``torch.distributed.run``
     python -m cpmatrix.remote.forkrun --nproc-per-node=4 --master-port=29500 \\
         --root-cause-file=W/root_cause.json -m cpmatrix.remote.world_main W/world.json
 
+``python -m cpmatrix.remote.forkrun --adopt`` is a *spare*: it imports what every world
+needs, then reads its world's command (arguments, environment, folder, log) as one JSON
+line on stdin and goes on as above (:mod:`cpmatrix.run.executors.spare`).
+
 The parent imports torch, ``torch.distributed``, the DTensor modules and the target
 module, then forks one child per rank. Each child gets torchrun's variables (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...) and calls the target
@@ -33,9 +37,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -144,8 +150,40 @@ def _root_cause_text(cause: RootCause) -> str:
             f"  exitcode  : {cause.exitcode} (pid: {cause.pid})\n")
 
 
+def _adopted() -> list[str] | None:
+    """``--adopt``: wait for the world, one JSON line on stdin (``argv``: this launcher's
+    arguments, ``env``, ``cwd``, ``log``), and become its launcher: its environment, its
+    folder, its log. None at end of input (no world took this spare)."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return None
+    world = json.loads(line)
+    os.chdir(world["cwd"])
+    os.environ.clear()
+    os.environ.update(world["env"])
+    tempfile.tempdir = None  # gettempdir() caches its first answer: the spare's TMPDIR
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(world["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return [str(a) for a in world["argv"]]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    raw = sys.argv[1:] if argv is None else argv
+    if raw == ["--adopt"]:
+        # A spare, started before its world was planned (cpmatrix.run.executors.spare):
+        # the imports first, while the run plans; then the world's command.
+        set_parent_death_signal()
+        for name in _PRELOAD:
+            importlib.import_module(name)
+        adopted = _adopted()
+        if adopted is None:
+            return 0
+        raw = adopted
+    args = _parse(raw)
     if args.nproc < 1:
         print("forkrun: --nproc-per-node must be >= 1", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.context import RunContext
+from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim
@@ -45,6 +46,9 @@ class Front:
     #: A Slurm split weighs the worlds by the recorded durations (the pytest front's by
     #: its cells alone).
     weighed: bool = True
+    #: A launcher started before the plan, for the first world that fits (the pytest
+    #: front's, started while it collects: :mod:`cpmatrix.run.executors.spare`).
+    spare: Spare | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: 
         runner, pool, note = scheduling.runner, scheduling.pool, scheduling.note
     context = make_context(matrix, prepared.out, runner, options, claim.run_id,
                            sources=prepared.sources, order=order, pack=pack,
-                           durations=recorded.planning(pack), repro=front.repro)
+                           durations=recorded.planning(pack), repro=front.repro,
+                           spare=front.spare)
     known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
                   skipped=prepared.skipped, recorded=recorded.merged())
     return Assembled(prepared=prepared, context=context, pool=pool, known=known, note=note)

@@ -17,11 +17,15 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cpmatrix.defaults import LAUNCHER
 from cpmatrix.run.packing import PackSpec
 from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.settings import FaultTimings, Launcher
+
+if TYPE_CHECKING:
+    from cpmatrix.run.executors.spare import Spare
 
 __all__ = ["RunContext"]
 
@@ -64,3 +68,6 @@ class RunContext:
     #: The flags a failing cell's repro line carries after its id (``--matrix F`` where
     #: the project's table does not name it); None: no repro line (the pytest front).
     repro: tuple[str, ...] | None = None
+    #: A fork launcher started before the run was planned, for its first world that fits
+    #: (the pytest front's: :mod:`cpmatrix.run.executors.spare`); None: none.
+    spare: Spare | None = None

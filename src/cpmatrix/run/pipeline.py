@@ -40,6 +40,7 @@ from cpmatrix.run.cache import ActionKeys
 from cpmatrix.run.cache_layers import remote_settings
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import plan_all
+from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.run.outcome import RunReport
@@ -414,14 +415,16 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
 
 def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
                   on_result: Callable[[Entry, Result], None],
-                  on_start: Callable[[int], None] | None = None) -> RunReport:
+                  on_start: Callable[[int], None] | None = None,
+                  spare: Spare | None = None) -> RunReport:
     """The pytest plugin's run of ``cells``: claim, prepare, pack, run (no report.html,
     no summary: pytest reports). A result being reported is reported whole: Ctrl-C
-    meanwhile waits for it, then stops the run."""
+    meanwhile waits for it, then stops the run. ``spare``: a launcher started while the
+    plugin collected, for the first world that fits."""
     scheduler = scheduler_for(options)  # before --out is claimed, as a run does
     with _claimed(options) as claim:
         run = assemble(options, matrix, cells, claim, scheduler,
-                       Recorded(options, claim.path), Front(weighed=False))
+                       Recorded(options, claim.path), Front(weighed=False, spare=spare))
         with stop_on_signals() as stopper:
             return run.run(options, Watch(on_result=_whole(stopper, on_result),
                                           on_start=on_start, stopper=stopper))

@@ -35,6 +35,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.devices import visible_cuda_devices
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import executor_for
+from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.machine import LocalMachine, MachineIdentity, MachineSource, machine_identity
 from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions
@@ -48,7 +49,8 @@ from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
 from cpmatrix.run.schedulers import Scheduler
 from cpmatrix.run.toolchain import probe_interpreter
 
-__all__ = ["PreparedRun", "devices_for", "make_context", "pack_spec", "prepare_run"]
+__all__ = ["PreparedRun", "children_pythonpath", "devices_for", "make_context", "pack_spec",
+           "prepare_run"]
 
 #: Stores a fresh pass; returns why it was not stored ("" when it was, or was not
 #: meant to be: a failure, a retried pass).
@@ -147,21 +149,30 @@ def make_context(matrix: Matrix, out: Path, runner: Runner, options: RunOptions,
                  run_id: str = "", *, sources: Mapping[str, Mapping[str, str]] | None = None,
                  order: str = "", pack: PackSpec | None = None,
                  durations: Mapping[str, float] | None = None,
-                 repro: tuple[str, ...] | None = None) -> RunContext:
+                 repro: tuple[str, ...] | None = None, spare: Spare | None = None) -> RunContext:
     """The executors' shared context for a run of ``matrix`` into ``out``: made once per
     run, whole (the cells' ``sources``, ``--order`` as resolved, the worlds' ``pack`` and
-    the ``durations`` they pack by, the ``repro`` line's flags)."""
+    the ``durations`` they pack by, the ``repro`` line's flags, a ``spare`` launcher)."""
     return RunContext(
         out_root=out, runner=runner, run_id=run_id, python=options.python,
         launcher=options.launcher,
-        pythonpath=(*matrix.pythonpath, str(IMPORT_ROOT)),
+        pythonpath=children_pythonpath(matrix.pythonpath),
         project_roots=matrix.pythonpath,
         readonly=(str(Path(matrix.path).resolve().parent),),
         timings=options.timings, profile=options.profile,
         compile_cache=None if _uncached(options) else cache_root(options) / "spill",
         sources=sources or {}, order=order, pack=pack or PackSpec(),
-        durations=durations or {}, repro=repro,
+        durations=durations or {}, repro=repro, spare=spare,
     )
+
+
+def children_pythonpath(pythonpath: Sequence[str]) -> tuple[str, ...]:
+    """The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
+
+    >>> children_pythonpath(["/p"])[0], len(children_pythonpath(["/p"]))
+    ('/p', 2)
+    """
+    return (*pythonpath, str(IMPORT_ROOT))
 
 
 def _uncached(options: RunOptions) -> bool:

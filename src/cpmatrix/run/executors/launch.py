@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cpmatrix.remote.procs import (
     WORLD_TOKEN,
@@ -38,13 +39,16 @@ from cpmatrix.remote.protocol import (
 )
 from cpmatrix.run.runners.base import Launch, Runner
 
-__all__ = ["WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv", "physical_devices",
-           "pid_state"]
+if TYPE_CHECKING:
+    from cpmatrix.run.executors.spare import Spare
+
+__all__ = ["TRAMPOLINE", "WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv",
+           "physical_devices", "pid_state"]
 
 #: Starts the command with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
 #: the kernel kills the child (and each rank then dies with torchrun). argv: the expected
 #: parent pid, then the command.
-_TRAMPOLINE = (
+TRAMPOLINE = (
     "import ctypes, os, sys\n"
     "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
     "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
@@ -93,12 +97,20 @@ class Child:
         self.runner = runner
         self.proc: subprocess.Popen[bytes] | None = None
         self.launch: Launch | None = None
+        #: Whether a spare launcher took the launch (:meth:`start`).
+        self.adopted = False
 
-    def start(self, launch: Launch, log: Path) -> list[str]:
-        """Launch through the runner; returns the argv (OSError when it cannot start)."""
+    def start(self, launch: Launch, log: Path, spare: Spare | None = None) -> list[str]:
+        """Launch through the runner; returns the argv (OSError when it cannot start).
+        ``spare``: a waiting launcher to hand the launch to if it fits (it then carries
+        the spare's token: :mod:`cpmatrix.run.executors.spare`)."""
         self.launch = launch
         cmd, cmd_env = self.runner.command(launch)
-        argv = [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *cmd]
+        adopted = spare.take(launch, self.runner, log) if spare is not None else None
+        if adopted is not None and spare is not None:
+            self.proc, self.token, self.adopted = adopted, spare.token, True
+            return cmd
+        argv = [sys.executable, "-c", TRAMPOLINE, str(os.getpid()), *cmd]
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 argv, env=cmd_env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=out,

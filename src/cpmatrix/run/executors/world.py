@@ -57,7 +57,6 @@ from cpmatrix.run.executors.attribution import (
     result_from_outcomes,
 )
 from cpmatrix.run.executors.launch import (
-    WORLD_TOKEN,
     Child,
     Progress,
     free_port,
@@ -65,8 +64,9 @@ from cpmatrix.run.executors.launch import (
     physical_devices,
     pid_state,
 )
+from cpmatrix.run.executors.spare import world_env
 from cpmatrix.run.plan import expected_s
-from cpmatrix.run.runners.base import Launch, hermetic_env
+from cpmatrix.run.runners.base import Launch
 
 __all__ = ["WorldRun", "cell_spec"]
 
@@ -153,14 +153,10 @@ class WorldRun:
                 cells=[self.cell_spec(e) for e in self.entries], prepare=self.prepare,
                 placement=[list(p) for p in self.placement], profile=ctx.profile)
             write_typed(folder.world_file, world)
-            extra = dict(self.platform.env)
-            extra["PYTHONPATH"] = os.pathsep.join(ctx.pythonpath)
-            # Never the working directory first on sys.path: it could shadow a case module.
-            extra["PYTHONSAFEPATH"] = "1"
-            extra[WORLD_TOKEN] = self.token
-            if self.devices:
-                extra["CUDA_VISIBLE_DEVICES"] = physical_devices(self.devices, ctx.source_env)
-            env = hermetic_env(ctx.source_env, home=str(home), tmp=str(tmp), extra=extra)
+            env = world_env(ctx.source_env, self.platform.env, ctx.pythonpath,
+                            home=str(home), tmp=str(tmp), token=self.token,
+                            cuda_visible=physical_devices(self.devices, ctx.source_env)
+                            if self.devices else None)
             argv = launcher_argv(ctx.launcher, ctx.python, self.world_size, free_port(),
                                  str(folder.world_file), str(folder.root_cause),
                                  run_id=ctx.run_id)
@@ -170,8 +166,9 @@ class WorldRun:
                 name=f"cpmatrix-{os.getpid()}-{self.name}".replace(".", "-"),
                 devices=self.devices,
             )
-            cmd = self.child.start(launch, folder.launcher_log)
-            atomic_write_json(folder.command_file, {"argv": cmd, "env": launch.env})
+            cmd = self.child.start(launch, folder.launcher_log, ctx.spare)
+            atomic_write_json(folder.command_file, {"argv": cmd, "env": launch.env,
+                                                    "spare": self.child.adopted})
         except OSError as exc:
             # No cell started: the session retries the launch, then fails its cells
             # with this message (a result reported here would never be polled).
