@@ -50,16 +50,18 @@ def test_installed_modules_only_and_found_where_the_rank_finds_them(tmp_path: Pa
     _write(site, "cpmx_inst_a/__init__.py")
     _write(site, "cpmx_inst_b/__init__.py")
     _write(site, "cpmx_plug/__init__.py")
+    _write(site, "cpmx_inst_c/__init__.py")
+    _write(site, "cpmx_inst_c/mod.py")
     _write(project, "cpmx_local.py")
     # Shadowed for the rank: its sys.path finds the project's copy first.
     _write(project, "cpmx_inst_b/__init__.py")
     test = _write(project, "test_t.py", "import cpmx_inst_a\nimport cpmx_inst_b.sub\n"
-                  "import cpmx_local\nimport cpmx_plug\nimport json.tool\n"
+                  "import cpmx_local\nimport cpmx_plug\nimport cpmx_inst_c.mod\n"
                   "import cpmx_missing\n")
     sys.path[:0] = [str(site), str(project)]
     try:
         def installed(path: str) -> bool:
-            return path.startswith(str(site)) or path.startswith(sys.base_prefix)
+            return path.startswith(str(site))
 
         names = installed_imports([str(test)], [str(project), str(site), *sys.path[2:]],
                                   installed, {"cpmx_plug"})
@@ -67,7 +69,7 @@ def test_installed_modules_only_and_found_where_the_rank_finds_them(tmp_path: Pa
         del sys.path[:2]
     # cpmx_inst_b: the rank finds the project's; cpmx_local: the project's;
     # cpmx_plug: a plugin's; cpmx_missing: not found (the rank reports it).
-    assert names == ["cpmx_inst_a", "json.tool"]
+    assert names == ["cpmx_inst_a", "cpmx_inst_c.mod"]
 
 
 def test_a_module_that_fails_to_import_is_left_for_the_rank(tmp_path: Path) -> None:

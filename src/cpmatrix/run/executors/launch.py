@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cpmatrix.remote.procs import (
     WORLD_TOKEN,
@@ -39,8 +39,15 @@ from cpmatrix.remote.protocol import (
 )
 from cpmatrix.run.runners.base import Launch, Runner
 
-if TYPE_CHECKING:
-    from cpmatrix.run.executors.spare import Spare
+
+class Adoptable(Protocol):
+    """A launcher already running that may take a launch (a spare, see
+    :mod:`cpmatrix.run.executors.spare`)."""
+
+    token: str
+
+    def take(self, launch: Launch, runner: Runner, log: Path
+             ) -> subprocess.Popen[bytes] | None: ...
 
 __all__ = ["TRAMPOLINE", "WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv",
            "physical_devices", "pid_state"]
@@ -100,7 +107,7 @@ class Child:
         #: Whether a spare launcher took the launch (:meth:`start`).
         self.adopted = False
 
-    def start(self, launch: Launch, log: Path, spare: Spare | None = None) -> list[str]:
+    def start(self, launch: Launch, log: Path, spare: Adoptable | None = None) -> list[str]:
         """Launch through the runner; returns the argv (OSError when it cannot start).
         ``spare``: a waiting launcher to hand the launch to if it fits (it then carries
         the spare's token: :mod:`cpmatrix.run.executors.spare`)."""
