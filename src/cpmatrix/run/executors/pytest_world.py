@@ -8,9 +8,9 @@ differences:
   (``WorldSpec.prepare`` = :func:`cpmatrix.pytest_front.rank.prepare`); tests of different
   sessions (other rootdirs or command lines) never share a world;
 - each result is judged from the ranks' own pytest reports
-  (:func:`cpmatrix.matrix.pytest_verdict.judge`): a skip agreed by every rank is
+  (:func:`cpmatrix.matrix.pytest_records.judged_cell`): a skip agreed by every rank is
   ``skipped``, an expected failure ``passed``, a failure carries the failing rank's
-  pytest report.
+  pytest report; the judgement goes on with the result, for the pytest front to replay.
 
 A test marked ``isolated_world`` gets a world of its own.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from cpmatrix.matrix.pytest_records import judge_files, judged_result
+from cpmatrix.matrix.pytest_records import judged_cell
 from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.protocol import CellSpec
@@ -54,9 +54,8 @@ class PytestWorldRun(WorldRun):
     def _report(self, i: int, result: Result) -> None:
         entry = self.entries[i]
         nodeid = cell_test(entry.cell).get("nodeid", "")
-        verdict, records = judge_files(self.context.out_root / entry.out_dir,
-                                       entry.cell.world_size, result, nodeid or None)
-        super()._report(i, judged_result(result, verdict, records))
+        super()._report(i, judged_cell(self.context.out_root / entry.out_dir,
+                                       entry.cell.world_size, result, nodeid or None))
 
 
 class PytestExecutor(WorldExecutor):
