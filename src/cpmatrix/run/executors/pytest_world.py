@@ -34,7 +34,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.executors.world_executor import WorldExecutor
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.packing import Packing, PackSpec
 from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 
@@ -88,5 +88,6 @@ class PytestExecutor(WorldExecutor):
         return batches
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
-            context: RunContext, devices: tuple[int, ...]) -> PytestWorldRun:
-        return PytestWorldRun(name, entries, platform, context, devices)
+            context: RunContext, devices: tuple[int, ...], *,
+            packing: Packing | None = None) -> PytestWorldRun:
+        return PytestWorldRun(name, entries, platform, context, devices, packing=packing)
