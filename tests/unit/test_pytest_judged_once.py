@@ -70,7 +70,7 @@ def test_the_verdict_is_judged_in_one_place() -> None:
     assert _calls("judge") == ["matrix/pytest_records.py:judgement"]
     assert _calls("phases_of") == ["matrix/pytest_records.py:judgement"]
     assert _calls("judged_result") == ["matrix/pytest_records.py:judged_cell"]
-    assert _calls("judged_cell") == ["run/executors/pytest_world.py:_report"]
+    assert _calls("judged_cell") == ["run/executors/pytest_world.py:_judged"]
     assert _calls("judgement") == ["matrix/pytest_records.py:judged_cell",
                                    "pytest_front/controller.py:_on_result"]
 
@@ -125,3 +125,34 @@ def test_a_result_no_job_judged_is_judged_by_the_front(tmp_path: Path) -> None:
         cell_id="c", status=Status.PASSED), NODEID).to_dict(), "status": "cached"})
     assert cached.judged is None
     assert judgement(tmp_path, 2, cached, NODEID).verdict.outcome == "passed"
+
+
+def test_a_crash_is_judged_with_its_kept_folder_named(tmp_path: Path) -> None:
+    """The job judges a crash or hang once its working folder is named in the world's
+    message (the verdict quotes that message): the replayed verdict names the folder."""
+    from cpmatrix.layout import work_folder
+    from cpmatrix.matrix.schema import Cell, Mesh, Platform
+    from cpmatrix.run.context import RunContext
+    from cpmatrix.run.entry import Entry
+    from cpmatrix.run.executors.pytest_world import PytestWorldRun
+    from cpmatrix.run.runners import get_runner
+
+    cell = Cell(id="pytest[unit,1x2]@cpu", target="pytest", case="m:f", kind="pytest",
+                level="unit", mesh=Mesh.parse("1x2"), dtype="fp64", autocast=False,
+                path="reference", params=(), platform="cpu", timeout_s=60, tags=(),
+                pytest=json.dumps({"nodeid": NODEID}))
+    entry = Entry(cell=cell)
+    world = PytestWorldRun("000-w", [entry], Platform(name="cpu", backend="gloo",
+                                                      device="cpu"),
+                           RunContext(out_root=tmp_path, runner=get_runner("local")))
+    (tmp_path / work_folder(entry.out_dir, world.name)).mkdir(parents=True)
+    _write(tmp_path / entry.out_dir, {0: "passed"})  # rank 1 died before it wrote
+    dead = RankFailure(rank=1, message="rank 1 died during the cell (killed by SIGKILL)")
+    crash = world._with_folder(entry, Result(
+        cell_id=cell.id, status=Status.CRASH, kind=FailureKind.CRASH, failing_ranks=(1,),
+        failures=(dead,), message="a rank died"))
+    assert crash.status is Status.CRASH and "working folder kept: " in crash.message
+    assert isinstance(crash.judged, Judged)
+    made = [p.message for p in crash.judged.verdict.phases if p.outcome == "failed"]
+    assert made and "working folder kept: " in made[0]
+    assert judgement(tmp_path / entry.out_dir, 2, crash, NODEID) is crash.judged

@@ -29,7 +29,7 @@ from cpmatrix.matrix.pytest_records import judged_cell
 from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.protocol import CellSpec
-from cpmatrix.result import Result
+from cpmatrix.result import Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
@@ -51,11 +51,18 @@ class PytestWorldRun(WorldRun):
         spec = super().cell_spec(entry)
         return replace(spec, params={**spec.params, **cell_test(entry.cell)})
 
-    def _report(self, i: int, result: Result) -> None:
-        entry = self.entries[i]
+    def _with_folder(self, entry: Entry, result: Result) -> Result:
+        """The result judged from the ranks' reports, with its working folder removed or
+        named. A crash or a hang (a status judging keeps) is judged with the folder
+        named: the verdict quotes the world's message, and the front replays it."""
+        if result.status in (Status.CRASH, Status.TIMEOUT):
+            return self._judged(entry, super()._with_folder(entry, result))
+        return super()._with_folder(entry, self._judged(entry, result))
+
+    def _judged(self, entry: Entry, result: Result) -> Result:
         nodeid = cell_test(entry.cell).get("nodeid", "")
-        super()._report(i, judged_cell(self.context.out_root / entry.out_dir,
-                                       entry.cell.world_size, result, nodeid or None))
+        return judged_cell(self.context.out_root / entry.out_dir, entry.cell.world_size,
+                           result, nodeid or None)
 
 
 class PytestExecutor(WorldExecutor):
