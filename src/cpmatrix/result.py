@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -155,6 +155,10 @@ class Result:
     #: What the cell read (path -> signature, merged over its ranks), for the result
     #: cache; None when not observed. In memory only: never in results.json or reports.
     reads: dict[str, str] | None = field(default=None, compare=False, repr=False)
+    #: What the cell's kind judged of this result, for its front to replay instead of
+    #: judging again (a pytest cell's verdict and its ranks' reports:
+    #: :class:`cpmatrix.matrix.pytest_records.Judged`). In memory only, like ``reads``.
+    judged: object | None = field(default=None, compare=False, repr=False)
 
     @property
     def first_failure(self) -> RankFailure | None:
@@ -171,13 +175,13 @@ class Result:
         return f"{self.status.value}{kind} on rank {ranks}: {cause}"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, reads=None, judged=None))  # (never copied: in memory only)
         d["status"] = self.status.value
         d["kind"] = self.kind.value if self.kind else None
         d["failing_ranks"] = list(self.failing_ranks)
         d["failures"] = [asdict(f) for f in self.failures]
         d["stderr_tails"] = {str(k): v for k, v in self.stderr_tails.items()}
-        del d["reads"]
+        del d["reads"], d["judged"]
         if self.runs:
             d["run_failures"] = list(self.run_failures)
             d["run_statuses"] = [s.value for s in self.run_statuses]

@@ -247,7 +247,7 @@ def test_the_result_says_what_the_verdict_says(call: str, status: Status) -> Non
     if status is Status.FAILED:
         assert judged.failures[0].traceback == "text of 0"
         assert judged.failures[0].check == "pytest"
-    # Judging the judged result again reads the same verdict (the controller does).
+    # Judging the judged result again reads the same verdict.
     assert judge(phases_of(recs), size=2, result=judged) == verdict
 
 

@@ -1,8 +1,15 @@
-"""The reports each rank of a pytest cell left, read back (by the job and the controller).
+"""The reports each rank of a pytest cell left, read back and judged once.
 
 A rank writes ``<out>/<cell folder>/rank<R>/pytest.json`` (:mod:`cpmatrix.pytest_front.rank`):
 its classified phases, pytest's serialized reports and the warnings recorded. A rank
 that died before writing it, or a file of another shape, reads as no reports at all.
+
+:func:`judgement` is the one place a test's verdict is judged from those files. The job
+judges each result it makes (:func:`judged_cell`) and hands the :class:`Judged` on with
+it; the pytest front replays that judgement (as pytest-xdist's controller replays the
+worker's reports) and judges only a result no job judged: one the run composed later (a
+crash that passed when retried, a repeat's combination), a cached pass, a cell that never
+started.
 
 Example::
 
@@ -14,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +30,8 @@ from cpmatrix.layout import rank_dir
 from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, is_own, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
-__all__ = ["REPORTS_FILE", "cut_off_of", "judge_files", "judged_result", "load", "phases_of"]
+__all__ = ["REPORTS_FILE", "Judged", "cut_off_of", "judged_cell", "judged_result", "judgement",
+           "load", "phases_of"]
 
 #: The file a rank writes in its folder of the cell.
 REPORTS_FILE = "pytest.json"
@@ -101,12 +109,41 @@ def judged_result(result: Result, verdict: Verdict,
                    message=result.message if world_told else verdict.summary())
 
 
-def judge_files(cell_dir: Path, size: int, result: Result,
-                nodeid: str | None = None) -> tuple[Verdict, dict[int, dict[str, Any]]]:
-    """The test's verdict from the ranks' files and the world's ``result``."""
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A test's verdict, the ranks' records it was judged from, and the result judged:
+    its status, attempts and runs (a result the run composed from it later differs in
+    one of them and is judged afresh)."""
+
+    verdict: Verdict
+    records: dict[int, dict[str, Any]]
+    of: tuple[Status, int, int]
+
+
+def _of(result: Result) -> tuple[Status, int, int]:
+    return result.status, result.attempts, result.runs
+
+
+def judgement(cell_dir: Path, size: int, result: Result,
+              nodeid: str | None = None) -> Judged:
+    """The test's verdict: the one handed on with ``result`` (``result.judged``) when it
+    is this result's, else judged here from the ranks' files and the world's ``result``."""
+    known = result.judged
+    if isinstance(known, Judged) and known.of == _of(result):
+        return known
     records = load(cell_dir, size, nodeid)
-    return judge(phases_of(records), size=size, result=result,
-                 cut_off=cut_off_of(records)), records
+    verdict = judge(phases_of(records), size=size, result=result,
+                    cut_off=cut_off_of(records))
+    return Judged(verdict, records, _of(result))
+
+
+def judged_cell(cell_dir: Path, size: int, result: Result,
+                nodeid: str | None = None) -> Result:
+    """The world's ``result`` of a pytest cell as its test's verdict says
+    (:func:`judged_result`), with the :class:`Judged` handed on in ``judged``."""
+    found = judgement(cell_dir, size, result, nodeid)
+    out = judged_result(result, found.verdict, found.records)
+    return replace(out, judged=Judged(found.verdict, found.records, _of(out)))
 
 
 def cut_off_of(records: Mapping[int, Mapping[str, Any]]) -> dict[int, list[str]]:

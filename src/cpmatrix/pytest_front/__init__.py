@@ -16,6 +16,6 @@ target's cells; ``pytest_sources``: their digests; ``pytest_verdict`` and
 collector's driver), so the matrix and the run's executor (``run/executors/pytest_world``)
 import nothing from here. :mod:`~cpmatrix.pytest_front.rank` and
 :mod:`~cpmatrix.pytest_front.inrank` run inside the ranks; the plugin, its controller,
-the collector and the one adapter to the run sit on top
+the collector, its flags (``options``) and the one adapter to the run sit on top
 (``tests/unit/test_architecture.py``). This file imports nothing.
 """

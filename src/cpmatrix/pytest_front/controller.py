@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from cpmatrix.errors import UsageError
-from cpmatrix.matrix.pytest_records import judge_files
+from cpmatrix.matrix.pytest_records import judgement
 from cpmatrix.matrix.pytest_spec import PytestTest, cell_test, cells_for
 from cpmatrix.matrix.pytest_verdict import Verdict
 from cpmatrix.matrix.schema import Platform
@@ -124,8 +124,9 @@ class Controller:
         if result.status is Status.INTERRUPTED:
             return  # never finished: not reported, as pytest does for tests not run
         item = self._items[entry.cell.id]
-        verdict, records = judge_files(self.settings.out / entry.out_dir,
-                                       entry.cell.world_size, result, item.nodeid)
+        judged = judgement(self.settings.out / entry.out_dir, entry.cell.world_size,
+                           result, item.nodeid)  # the job's, handed on with the result
+        verdict, records = judged.verdict, judged.records
         pending = self._pending[item.nodeid]
         if entry.cell.id in pending:  # not after an exit cleared it
             pending.remove(entry.cell.id)

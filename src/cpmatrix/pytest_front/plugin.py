@@ -41,27 +41,10 @@ _TIMEOUT_MARKER = ("timeout(seconds): fail the test when it runs longer (read by
 
 def pytest_addoption(parser: Any) -> None:
     # Here, not at the top: the plugin loads in every pytest run, --cpmatrix or not.
-    from cpmatrix.defaults import TIMEOUT_S
-    from cpmatrix.run.options import add_pytest_options
+    from cpmatrix.pytest_front.options import add_front_options
 
-    group = parser.getgroup("cpmatrix", "multi-rank tests in cpmatrix's persistent worlds")
-    group.addoption("--cpmatrix", action="store_true", default=False,
-                    help="run the multi-rank tests (torch's MultiProcessTestCase family, "
-                    "@pytest.mark.world, DeepSpeed-style world_size classes) in cpmatrix's "
-                    "persistent worlds; every other test runs as usual")
-    group.addoption("--cpmatrix-out", metavar="DIR", default=None,
-                    help="where the worlds' logs and reports go (default: "
-                    "<rootdir>/.cpmatrix/pytest)")
-    group.addoption("--cpmatrix-timeout", metavar="S", type=float, default=None,
-                    help="timeout of a multi-rank test without a timeout marker (default: "
-                    f"pytest-timeout's --timeout if set, else {TIMEOUT_S})")
-    # --cpmatrix-world-ranks, -runner, -launcher, -abort-grace: declared with the CLI's.
-    add_pytest_options(group)
-    group.addoption("--cpmatrix-device", default="auto", choices=("auto", "cpu", "cuda"),
-                    help="cpu (gloo) or cuda (nccl; one GPU per rank); auto: cuda when a "
-                    "GPU is visible")
-    group.addoption("--cpmatrix-cache", action="store_true", default=False,
-                    help="reuse cpmatrix's cached passes (off: a pytest run runs its tests)")
+    add_front_options(parser.getgroup("cpmatrix",
+                                      "multi-rank tests in cpmatrix's persistent worlds"))
 
 
 def _xdist_asked(config: Any) -> bool:
@@ -94,20 +77,22 @@ def _controller(config: Any) -> Any:
     from cpmatrix.errors import UsageError
     from cpmatrix.pytest_front.adapter import FrontSettings, platform_for, start_spare
     from cpmatrix.pytest_front.controller import Controller
+    from cpmatrix.pytest_front.options import FrontOptions
     from cpmatrix.run.options import RunOptions
     from cpmatrix.run.runners.local import LocalRunner
 
+    front = FrontOptions.from_pytest(config.getoption)
     try:
         options = RunOptions.from_pytest(
-            config.getoption, no_cache=not config.getoption("cpmatrix_cache"), plain=True)
+            config.getoption, no_cache=not front.cache, plain=True)
     except UsageError as exc:
         raise pytest.UsageError(f"cpmatrix: {exc}") from None
-    out = config.getoption("cpmatrix_out")
+    out = front.out
     out_path = Path(out).resolve() if out else Path(config.rootpath, ".cpmatrix", "pytest")
     settings = FrontSettings(out=out_path, rootdir=Path(config.rootpath), options=options)
     # The local runner can write the user's cache folder (a sandbox or container cannot).
     user_cache = options.runner == LocalRunner.name
-    device = config.getoption("cpmatrix_device")
+    device = front.device
     # The first world's launcher starts now, before torch is imported here: its imports
     # run while this process collects (a run without multi-rank tests kills it).
     spare = None if device == "cuda" or config.getoption("collectonly") else start_spare(
@@ -116,7 +101,7 @@ def _controller(config: Any) -> Any:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    timeout = config.getoption("cpmatrix_timeout")
+    timeout = front.timeout
     if timeout is None:
         native = config.getoption("timeout", None)  # pytest-timeout's --timeout / ini
         timeout = float(native) if native else float(TIMEOUT_S)

@@ -49,7 +49,7 @@ from cpmatrix.run.settings import (
 )
 
 __all__ = ["LAUNCHERS", "PACKINGS", "RunOptions", "add_pytest_options", "add_run_arguments",
-           "resolve_interpreter"]
+           "pytest_flag", "pytest_values", "resolve_interpreter"]
 
 #: How a world's ranks are started (see docs/worlds.md for the measured choice).
 LAUNCHERS = choices(Launcher)
@@ -66,6 +66,12 @@ def _flag(flag: str, help: str, *, pytest: tuple[str, str] | None = None,
     """A field's flag: its name, help and argparse arguments; ``pytest``: its name and
     help on the pytest front too (the same type, choices, metavar and default)."""
     return {"flag": flag, "help": help, "argparse": argparse_kwargs, "pytest": pytest}
+
+
+def pytest_flag(flag: str, help: str, **argparse_kwargs: Any) -> dict[str, Any]:
+    """A field's flag on the pytest front only (no CLI flag), declared as :func:`_flag`
+    declares the CLI's: :func:`add_pytest_options` and :func:`pytest_values` serve both."""
+    return {"flag": "", "help": help, "argparse": argparse_kwargs, "pytest": (flag, help)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,9 +298,7 @@ class RunOptions:
     def from_pytest(cls, getoption: Callable[[str], Any], **given: Any) -> RunOptions:
         """The options :func:`add_pytest_options` declared, read with pytest's
         ``config.getoption``; ``given``: the fields the pytest front sets itself."""
-        values = {f.name: getoption(_pytest_dest(f.metadata["pytest"][0]))
-                  for f in dataclasses.fields(cls) if f.metadata["pytest"] is not None}
-        return cls(**values, **given)
+        return cls(**pytest_values(cls, getoption), **given)
 
 
 def resolve_interpreter(python: str) -> str:
@@ -337,14 +341,23 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
                             **kwargs)
 
 
-def add_pytest_options(group: Any) -> None:
-    """The pytest front's flags of the fields that have one (``--cpmatrix-runner``, ...),
-    on a pytest option group: the CLI flag's type, choices, metavar and default, under
-    the front's name and help (:meth:`RunOptions.from_pytest` reads them back)."""
-    for f in dataclasses.fields(RunOptions):
-        if f.metadata["pytest"] is not None:
+def add_pytest_options(group: Any, declared: Any = RunOptions, *,
+                       only: Collection[str] | None = None) -> None:
+    """The pytest front's flags of ``declared``'s fields that have one
+    (``--cpmatrix-runner``, ...; ``only``: those fields, in declaration order), on a
+    pytest option group: the CLI flag's type, choices, metavar and default, under the
+    front's name and help (:func:`pytest_values` reads them back)."""
+    for f in dataclasses.fields(declared):
+        if f.metadata.get("pytest") is not None and (only is None or f.name in only):
             flag, help = f.metadata["pytest"]
             group.addoption(flag, default=f.default, help=help, **f.metadata["argparse"])
+
+
+def pytest_values(declared: Any, getoption: Callable[[str], Any]) -> dict[str, Any]:
+    """Field name -> its value, for ``declared``'s fields with a pytest flag, read with
+    pytest's ``config.getoption``."""
+    return {f.name: getoption(_pytest_dest(f.metadata["pytest"][0]))
+            for f in dataclasses.fields(declared) if f.metadata.get("pytest") is not None}
 
 
 def _pytest_dest(flag: str) -> str:

@@ -37,12 +37,7 @@ from cpmatrix.remote.procs import (
     reap_orphans,
     set_child_subreaper,
 )
-from cpmatrix.report.history import (
-    CellHistory,
-    load_run_history,
-    save_run_history,
-    with_runs,
-)
+from cpmatrix.report.history import CellHistory, load_run_history, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
@@ -50,6 +45,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import Executor, Job, plan_all
 from cpmatrix.run.outcome import RunReport
+from cpmatrix.run.packing import Packing
 from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
@@ -76,6 +72,9 @@ class _Item:
     last_error: str = ""
     #: Jobs of this batch the infrastructure ended from outside.
     lost: int = 0
+    #: The plan's packing of exactly ``entries`` (the batch's), handed to its job as
+    #: given; None for the cells a job handed back (their new job packs them).
+    packing: Packing | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,7 +211,8 @@ def _plan_session(session: _Session, cells: Sequence[Cell], plan: PlanSettings,
                              run=next_run(run_numbers, c.id) if plan.runs > 1 else 0)
                        for i, c in enumerate(b.cells)]
             session.planned.extend(entries)
-            session.queue.append(_Item(batch=b.name, entries=entries, executor=executor))
+            session.queue.append(_Item(batch=b.name, entries=entries, executor=executor,
+                                       packing=b.packing))
             session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
     if pool.wrap_job is not None:
         session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
@@ -387,7 +387,8 @@ class _Session:
         self.queue.popleft()
         item.launches += 1
         name = f"{self.starts:03d}-{item.batch}.a{item.launches}"
-        job = item.executor.job(name, item.entries, platform, self.context, devs)
+        job = item.executor.job(name, item.entries, platform, self.context, devs,
+                                packing=item.packing)
         if self.wrap_job is not None:
             job = self.wrap_job(job)
         job.start()

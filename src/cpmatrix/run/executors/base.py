@@ -21,7 +21,7 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.packing import Packing, PackSpec
 from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 
@@ -105,8 +105,12 @@ class Executor(Protocol):
         """cuda devices the job of ``entries`` holds while it runs (0: none)."""
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
-            context: RunContext, devices: tuple[int, ...]) -> Job:
-        """The job that runs ``entries`` (not started yet)."""
+            context: RunContext, devices: tuple[int, ...], *,
+            packing: Packing | None = None) -> Job:
+        """The job that runs ``entries`` (not started yet). ``packing``: the batch's,
+        as planned (:attr:`Batch.packing`, parallel to ``entries``), run as given; None
+        where there is none for exactly these entries (cells handed back, a retry): the
+        job places them itself."""
 
     def describe(self, batch: Batch) -> str:
         """One line for ``--dry-run``: what the batch's job is."""

@@ -32,7 +32,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress
 from cpmatrix.run.executors.world import cell_spec
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.packing import Packing, PackSpec
 from cpmatrix.run.plan import Batch, expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
@@ -213,8 +213,9 @@ class CompileExecutor:
         return 0
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
-            context: RunContext, devices: tuple[int, ...]) -> CompileRun:
-        return CompileRun(name, entries, context)
+            context: RunContext, devices: tuple[int, ...], *,
+            packing: Packing | None = None) -> CompileRun:
+        return CompileRun(name, entries, context)  # one subprocess: nothing to place
 
     def describe(self, batch: Batch) -> str:
         return (f"spill gates (compiled in one subprocess, no world): "

@@ -8,9 +8,9 @@ differences:
   (``WorldSpec.prepare`` = :func:`cpmatrix.pytest_front.rank.prepare`); tests of different
   sessions (other rootdirs or command lines) never share a world;
 - each result is judged from the ranks' own pytest reports
-  (:func:`cpmatrix.matrix.pytest_verdict.judge`): a skip agreed by every rank is
+  (:func:`cpmatrix.matrix.pytest_records.judged_cell`): a skip agreed by every rank is
   ``skipped``, an expected failure ``passed``, a failure carries the failing rank's
-  pytest report.
+  pytest report; the judgement goes on with the result, for the pytest front to replay.
 
 A test marked ``isolated_world`` gets a world of its own.
 
@@ -25,16 +25,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from cpmatrix.matrix.pytest_records import judge_files, judged_result
+from cpmatrix.matrix.pytest_records import judged_cell
 from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.remote.protocol import CellSpec
-from cpmatrix.result import Result
+from cpmatrix.result import Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.executors.world_executor import WorldExecutor
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.packing import Packing, PackSpec
 from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 
@@ -51,12 +51,18 @@ class PytestWorldRun(WorldRun):
         spec = super().cell_spec(entry)
         return replace(spec, params={**spec.params, **cell_test(entry.cell)})
 
-    def _report(self, i: int, result: Result) -> None:
-        entry = self.entries[i]
+    def _with_folder(self, entry: Entry, result: Result) -> Result:
+        """The result judged from the ranks' reports, with its working folder removed or
+        named. A crash or a hang (a status judging keeps) is judged with the folder
+        named: the verdict quotes the world's message, and the front replays it."""
+        if result.status in (Status.CRASH, Status.TIMEOUT):
+            return self._judged(entry, super()._with_folder(entry, result))
+        return super()._with_folder(entry, self._judged(entry, result))
+
+    def _judged(self, entry: Entry, result: Result) -> Result:
         nodeid = cell_test(entry.cell).get("nodeid", "")
-        verdict, records = judge_files(self.context.out_root / entry.out_dir,
-                                       entry.cell.world_size, result, nodeid or None)
-        super()._report(i, judged_result(result, verdict, records))
+        return judged_cell(self.context.out_root / entry.out_dir, entry.cell.world_size,
+                           result, nodeid or None)
 
 
 class PytestExecutor(WorldExecutor):
@@ -89,5 +95,6 @@ class PytestExecutor(WorldExecutor):
         return batches
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
-            context: RunContext, devices: tuple[int, ...]) -> PytestWorldRun:
-        return PytestWorldRun(name, entries, platform, context, devices)
+            context: RunContext, devices: tuple[int, ...], *,
+            packing: Packing | None = None) -> PytestWorldRun:
+        return PytestWorldRun(name, entries, platform, context, devices, packing=packing)

@@ -65,6 +65,7 @@ from cpmatrix.run.executors.launch import (
     pid_state,
 )
 from cpmatrix.run.executors.spare import world_env
+from cpmatrix.run.packing import Packing
 from cpmatrix.run.plan import expected_s
 from cpmatrix.run.runners.base import Launch
 
@@ -85,20 +86,17 @@ class WorldRun:
     prepare = ""
 
     def __init__(self, name: str, entries: Sequence[Entry], platform: Platform,
-                 context: RunContext, devices: tuple[int, ...] = ()) -> None:
+                 context: RunContext, devices: tuple[int, ...] = (), *,
+                 packing: Packing | None = None) -> None:
         assert entries, "a world needs at least one cell"
         self.name = name
         self.platform = platform
         self.context = context
         self.devices = devices
-        # The packing's priority: widest, then longest first (serial or --order: as
-        # planned). Handed-back cells are re-packed the same way.
-        times = {e.key: expected_s(e.cell, context.durations) for e in entries}
         ordered = list(entries)
-        if not context.pack.serial and not context.pack.ordered:
-            ordered.sort(key=lambda e: (-e.cell.world_size, -times[e.key]))
-        packing = context.pack.plan(platform.name, [e.cell.world_size for e in ordered],
-                                    [times[e.key] for e in ordered])
+        if packing is None:  # no plan for exactly these cells: the ones handed back
+            packing = _repack(ordered, platform, context)
+        assert len(packing.slots) == len(ordered), "a packing is of exactly its entries"
         #: In the order every rank runs its own cells (by planned start).
         self.entries = [ordered[i] for i in packing.order]
         #: Per entry, the world ranks it runs on; its rank r is world rank placement[i][r].
@@ -478,6 +476,17 @@ class WorldRun:
 
     def launcher_tail(self) -> str:
         return tail_lines(self.folder.launcher_log)
+
+
+def _repack(entries: list[Entry], platform: Platform, context: RunContext) -> Packing:
+    """The packing of cells no plan placed together (handed back after a fault): the
+    planner's priority, widest then longest first (serial or ``--order``: as given);
+    ``entries`` sorted in place to the order the packing's indices refer to."""
+    times = {e.key: expected_s(e.cell, context.durations) for e in entries}
+    if not context.pack.serial and not context.pack.ordered:
+        entries.sort(key=lambda e: (-e.cell.world_size, -times[e.key]))
+    return context.pack.plan(platform.name, [e.cell.world_size for e in entries],
+                             [times[e.key] for e in entries])
 
 
 def _remove_folder(folder: Path) -> None:

@@ -19,7 +19,7 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
-from cpmatrix.run.packing import PackSpec, rank_span
+from cpmatrix.run.packing import Packing, PackSpec, rank_span
 from cpmatrix.run.plan import Batch, plan_batches
 from cpmatrix.run.settings import PlanSettings
 
@@ -56,8 +56,9 @@ class WorldExecutor:
                                                 [e.cell.world_size for e in entries])
 
     def job(self, name: str, entries: Sequence[Entry], platform: Platform,
-            context: RunContext, devices: tuple[int, ...]) -> WorldRun:
-        return WorldRun(name, entries, platform, context, devices)
+            context: RunContext, devices: tuple[int, ...], *,
+            packing: Packing | None = None) -> WorldRun:
+        return WorldRun(name, entries, platform, context, devices, packing=packing)
 
     def describe(self, batch: Batch) -> str:
         line = f"world {batch.name}: {batch.world_size} ranks, {len(batch.cells)} cells"

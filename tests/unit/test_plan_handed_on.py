@@ -1,0 +1,109 @@
+"""The plan's packing is computed once and executed as given.
+
+The planner packs each batch (:func:`cpmatrix.run.plan.plan_batches`); the session hands
+that packing to the batch's job, which places its cells by it and never packs them again
+(only cells a job hands back after a fault are packed anew, for the world they get).
+The packer is counted: a job that packs its planned cells again fails the test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpmatrix.matrix.schema import Cell, Mesh, Platform
+from cpmatrix.run import packing as packing_module
+from cpmatrix.run.context import RunContext
+from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.world import WorldRun
+from cpmatrix.run.packing import PackSpec, pack
+from cpmatrix.run.runners import get_runner
+from cpmatrix.run.session import JobPool, Known, _plan_session, _Session
+from cpmatrix.run.settings import PlanSettings
+
+PLATFORM = Platform(name="cpu", backend="gloo", device="cpu")
+
+
+def _cell(i: int, mesh: str) -> Cell:
+    return Cell(id=f"t{i}[unit,{mesh},fp64,autocast=off,reference]@cpu", target="t",
+                case="m:f", kind="parity", level="unit", mesh=Mesh.parse(mesh), dtype="fp64",
+                autocast=False, path="reference", params=(), platform="cpu", timeout_s=60,
+                tags=())
+
+
+CELLS = [_cell(i, m) for i, m in enumerate(["1x1", "1x2", "1x4", "1x1", "1x2", "1x1", "1x3"])]
+#: Recorded seconds, so that the packing's order is not the cells' order.
+DURATIONS = {c.id: float(1 + (i * 7) % 5) for i, c in enumerate(CELLS)}
+
+
+class _NotStarted:
+    """Stands in for the job the session would start: the test only looks at the plan."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+
+    def start(self) -> None:
+        pass
+
+
+@pytest.fixture
+def packed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every packing computed (its cell count)."""
+    calls: list[int] = []
+
+    def counted(widths: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(widths))
+        return pack(widths, *args, **kwargs)
+
+    monkeypatch.setattr(packing_module, "pack", counted)
+    return calls
+
+
+def test_each_batch_is_packed_once_and_its_world_runs_that_packing(
+        tmp_path: Path, packed: list[int]) -> None:
+    spec = PackSpec(ranks=(("cpu", 4),))
+    context = RunContext(out_root=tmp_path, runner=get_runner("local"), run_id="r",
+                         pack=spec, durations=DURATIONS)
+    started: list[_NotStarted] = []
+
+    def hold(job: Any) -> Any:
+        started.append(_NotStarted(job))
+        return started[-1]
+
+    pool = JobPool(jobs=8, worlds=2, wrap_job=hold)
+    session = _Session(context, {"cpu": PLATFORM}, pool=pool, store=None, on_result=None)
+    _plan_session(session, CELLS, PlanSettings(batch_size=4), Known(), pool)
+    items = list(session.queue)
+    planned = [i.packing for i in items]
+    assert all(p is not None for p in planned) and len(planned) >= 2
+    assert packed == [len(i.entries) for i in items]  # the plan: once per batch
+    while session.queue:
+        assert session._launch_next()
+    assert packed == [len(i.entries) for i in items], "a job packed its planned cells again"
+    for item, p, held in zip(items, planned, started, strict=True):
+        assert p is not None
+        world: WorldRun = held.job
+        assert world.entries == [item.entries[i] for i in p.order]
+        assert world.placement == [p.slots[i].ranks for i in p.order]
+        assert world.world_size == p.ranks
+
+
+def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int]) -> None:
+    # A serial packing handed to a world whose run packs in slots: the world runs it.
+    context = RunContext(out_root=tmp_path, runner=get_runner("local"), run_id="r",
+                         pack=PackSpec(ranks=(("cpu", 4),)))
+    entries = [Entry(cell=c) for c in CELLS[:3]]
+    given = PackSpec(serial=True).plan("cpu", [e.cell.world_size for e in entries],
+                                       [1.0, 1.0, 1.0])
+    own = context.pack.plan("cpu", [e.cell.world_size for e in entries], [1.0, 1.0, 1.0])
+    assert (own.slots, own.order) != (given.slots, given.order)  # (the test can tell)
+    world = WorldRun("000-w", entries, PLATFORM, context, packing=given)
+    assert packed == [3, 3]
+    assert world.world_size == given.ranks == 4
+    assert world.placement == [given.slots[i].ranks for i in given.order]
+    # Without one (cells handed back after a fault), the world packs them itself.
+    again = WorldRun("001-w", entries, PLATFORM, context)
+    assert packed == [3, 3, 3]
+    assert again.entries[0].cell.world_size == 4  # widest first

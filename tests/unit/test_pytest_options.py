@@ -1,0 +1,87 @@
+"""The pytest front's flags: all declared as fields, the front's own ones unchanged.
+
+Every ``--cpmatrix*`` flag is a field of :class:`~cpmatrix.run.options.RunOptions` or of
+:class:`~cpmatrix.pytest_front.options.FrontOptions` with a pytest flag, added by one
+function; the plugin declares none by hand. The front's own flags keep the names,
+defaults and help users know (frozen here as they were when declared by hand).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from cpmatrix.pytest_front import plugin
+from cpmatrix.pytest_front.options import FrontOptions
+from cpmatrix.run.options import RunOptions
+
+PLUGIN = Path(plugin.__file__)
+
+#: The front's own flags, as ``group.addoption`` got them when the plugin wrote them out.
+FROZEN: dict[str, dict[str, Any]] = {
+    "--cpmatrix": {"action": "store_true", "default": False, "help": (
+        "run the multi-rank tests (torch's MultiProcessTestCase family, "
+        "@pytest.mark.world, DeepSpeed-style world_size classes) in cpmatrix's persistent "
+        "worlds; every other test runs as usual")},
+    "--cpmatrix-out": {"metavar": "DIR", "default": None, "help": (
+        "where the worlds' logs and reports go (default: <rootdir>/.cpmatrix/pytest)")},
+    "--cpmatrix-timeout": {"metavar": "S", "type": float, "default": None, "help": (
+        "timeout of a multi-rank test without a timeout marker (default: pytest-timeout's "
+        "--timeout if set, else 300)")},
+    "--cpmatrix-device": {"default": "auto", "choices": ("auto", "cpu", "cuda"), "help": (
+        "cpu (gloo) or cuda (nccl; one GPU per rank); auto: cuda when a GPU is visible")},
+    "--cpmatrix-cache": {"action": "store_true", "default": False, "help": (
+        "reuse cpmatrix's cached passes (off: a pytest run runs its tests)")},
+}
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.options: dict[str, dict[str, Any]] = {}
+
+    def addoption(self, flag: str, **kwargs: Any) -> None:
+        assert flag not in self.options, f"{flag} declared twice"
+        self.options[flag] = kwargs
+
+
+class _Parser:
+    def __init__(self) -> None:
+        self.group = _Group()
+
+    def getgroup(self, name: str, description: str = "") -> _Group:
+        return self.group
+
+
+def _declared() -> dict[str, dict[str, Any]]:
+    parser = _Parser()
+    plugin.pytest_addoption(parser)
+    return parser.group.options
+
+
+def _fields_with_flags() -> dict[str, tuple[type, str]]:
+    return {f.metadata["pytest"][0]: (cls, f.name) for cls in (RunOptions, FrontOptions)
+            for f in dataclasses.fields(cls) if f.metadata.get("pytest") is not None}
+
+
+def test_the_fronts_own_flags_keep_their_names_defaults_and_help() -> None:
+    options = _declared()
+    assert {flag: options[flag] for flag in FROZEN} == FROZEN
+
+
+def test_every_flag_is_a_declared_field_and_none_is_written_by_hand() -> None:
+    options = _declared()
+    assert set(options) == set(_fields_with_flags())
+    hand = [n.lineno for n in ast.walk(ast.parse(PLUGIN.read_text()))
+            if isinstance(n, ast.Attribute) and n.attr == "addoption"]
+    assert hand == [], f"plugin.py declares flags by hand (lines {hand})"
+
+
+def test_the_flags_read_back_as_the_declared_defaults() -> None:
+    values = {flag.removeprefix("--").replace("-", "_"): o["default"]
+              for flag, o in _declared().items()}
+    assert FrontOptions.from_pytest(values.__getitem__) == FrontOptions()
+    given = {**values, "cpmatrix_device": "cpu", "cpmatrix_timeout": 7.0}
+    read = FrontOptions.from_pytest(given.__getitem__)
+    assert (read.device, read.timeout) == ("cpu", 7.0)
