@@ -72,6 +72,11 @@ def pytest_configure(config: Any) -> None:
     config.pluginmanager.register(_controller(config), "cpmatrix-controller")
 
 
+#: pytest options with which no test runs (no world, so no spare launcher).
+_RUNS_NOTHING = ("collectonly", "help", "version", "showfixtures", "show_fixtures_per_test",
+                 "markers")
+
+
 def _controller(config: Any) -> Any:
     from cpmatrix.defaults import TIMEOUT_S
     from cpmatrix.errors import UsageError
@@ -95,8 +100,9 @@ def _controller(config: Any) -> Any:
     device = front.device
     # The first world's launcher starts now, before torch is imported here: its imports
     # run while this process collects (a run without multi-rank tests kills it).
-    spare = None if device == "cuda" or config.getoption("collectonly") else start_spare(
-        settings, platform_for("cpu", os.environ, user_cache=user_cache))
+    runs = not any(config.getoption(o, False) for o in _RUNS_NOTHING)
+    spare = start_spare(settings, platform_for("cpu", os.environ, user_cache=user_cache)) \
+        if device != "cuda" and runs else None
     if device == "auto":
         import torch
 
