@@ -4,7 +4,9 @@ The probes and the second serial sample backward the outputs with fixed grad_out
 a training check those are the loss's grad w.r.t. each output, which
 :func:`cpmatrix.parity._training._twin_step` returns beside the twin's own step. Real
 modules on CPU, no world: the world part (probes ran, the sample taken on 2x2, the bugs
-killed) is tests/worlds/test_parity_training_second_worlds.py.
+killed) is tests/worlds/test_parity_training_second_worlds.py. Also the probes' second
+pair, which moves the module outputs alone (the probe gap of the flip cases: the world
+part is in tests/worlds/test_parity_flip_worlds.py).
 """
 
 from __future__ import annotations
@@ -45,3 +47,40 @@ def test_a_custom_loss_gives_its_grad_wrt_each_output_and_still_steps() -> None:
     # backward with those grads gives the twin's own parameter grads (the graph was kept)
     w = twin.module.weight.grad  # type: ignore[attr-defined]
     assert w is not None and torch.allclose(w, want.T @ t_ins["input"])
+
+
+class _Seen(nn.Linear):
+    """Records every input it is called with (the probes' runs included)."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 3)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self.seen.append(input.detach().clone())
+        return super().forward(input)
+
+
+def test_the_second_probe_pair_moves_the_module_outputs_alone() -> None:
+    # An input step and an output step in one probe can cancel at a pre-activation near
+    # 0 (the relu_mlp survivor, tests/resources/parity/probe_gap.yaml): the second pair
+    # leaves the inputs as the twin's run had them, so its output step alone meets it.
+    from cpmatrix.parity._twin import backward_twin, run_probes
+
+    torch.manual_seed(0)
+    twin = make_twin(_Seen())
+    t_ins, _ = upcast_inputs({"input": torch.randn(5, 4)}, [])
+    grads = {"out": torch.randn(5, 3)}
+    out = twin.module(**t_ins)  # type: ignore[attr-defined]
+    backward_twin({"out": out}, grads)
+    twin.outputs, twin.input_grads = {"out": out.detach()}, {}  # type: ignore[attr-defined]
+    twin.param_grads = {n: p.grad for n, p in twin.module.named_parameters()}  # type: ignore[attr-defined]
+    twin.module.seen.clear()  # type: ignore[attr-defined]
+    run_probes(twin, t_ins, [], grads, 2**-7)  # type: ignore[arg-type]
+    seen = twin.module.seen  # type: ignore[attr-defined]
+    assert twin.probed and len(seen) == 4  # type: ignore[attr-defined]
+    moved = [not torch.equal(x, t_ins["input"]) for x in seen]
+    assert moved == [True, True, False, False], moved
+    # and the outputs of every probe are moved (the hooks ran in both pairs)
+    probes = twin.outputs["out"].probes  # type: ignore[attr-defined]
+    assert all(not torch.equal(p, twin.outputs["out"].value) for p in probes)  # type: ignore[attr-defined]
