@@ -71,16 +71,16 @@ def test_the_second_probe_pair_moves_the_module_outputs_alone() -> None:
     twin = make_twin(_Seen())
     t_ins, _ = upcast_inputs({"input": torch.randn(5, 4)}, [])
     grads = {"out": torch.randn(5, 3)}
-    out = twin.module(**t_ins)  # type: ignore[attr-defined]
+    out = twin.module(**t_ins)
     backward_twin({"out": out}, grads)
-    twin.outputs, twin.input_grads = {"out": out.detach()}, {}  # type: ignore[attr-defined]
-    twin.param_grads = {n: p.grad for n, p in twin.module.named_parameters()}  # type: ignore[attr-defined]
-    twin.module.seen.clear()  # type: ignore[attr-defined]
-    run_probes(twin, t_ins, [], grads, 2**-7)  # type: ignore[arg-type]
-    seen = twin.module.seen  # type: ignore[attr-defined]
-    assert twin.probed and len(seen) == 4  # type: ignore[attr-defined]
+    twin.outputs, twin.input_grads = {"out": out.detach()}, {}
+    twin.param_grads = {n: p.grad for n, p in twin.module.named_parameters()}
+    twin.module.seen.clear()
+    run_probes(twin, t_ins, [], grads, 2**-7)
+    seen = twin.module.seen
+    assert twin.probed and len(seen) == 4
     moved = [not torch.equal(x, t_ins["input"]) for x in seen]
     assert moved == [True, True, False, False], moved
     # and the outputs of every probe are moved (the hooks ran in both pairs)
-    probes = twin.outputs["out"].probes  # type: ignore[attr-defined]
-    assert all(not torch.equal(p, twin.outputs["out"].value) for p in probes)  # type: ignore[attr-defined]
+    probes = twin.outputs["out"].probes
+    assert all(not torch.equal(p, twin.outputs["out"].value) for p in probes)
