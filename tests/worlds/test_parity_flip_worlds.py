@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 def _run_with_mutants(tmp: pytest.TempPathFactory, matrix: str) -> Run:
     out = tmp.mktemp(matrix.removesuffix(".yaml")) / "out"
-    proc = run_cli("run", "--matrix", str(RES / matrix), "--mutants", "--out", str(out),
-                   "--plain", timeout=600)
+    proc = run_cli(
+        "run", "--matrix", str(RES / matrix), "--mutants", "--out", str(out), "--plain", timeout=600
+    )
     return read_run(out, proc.returncode, proc.stdout + proc.stderr)
 
 
@@ -49,7 +50,8 @@ def test_correct_cells_pass_and_each_tiny_bias_bug_is_killed(run: Run) -> None:
 
 
 def test_a_tiny_bias_takes_a_second_serial_sample_where_the_cp_side_shards_the_rows(
-        run: Run) -> None:
+    run: Run,
+) -> None:
     # 2x2: rows sharded over cp0 (2 pieces): the serial side again with its rows in 2
     # interleaved chunks judges the 1-element bias; its resolution is in the evidence
     ev = run.cell("relu_mlp[", having="2x2,bf16,autocast=off,reference,d_out=1]")["evidence"]
@@ -83,3 +85,23 @@ def test_a_buffer_declared_partial_is_reduced_before_it_is_compared(counts: Run)
     r = counts.cell("moe_counts_undeclared[")
     assert r["status"] == "failed"
     assert "tokens_per_expert" in r["failures"][0]["message"], r["failures"]
+
+
+@pytest.fixture(scope="module")
+def gap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield _run_with_mutants(tmp_path_factory, "probe_gap.yaml")
+
+
+def test_a_serial_flip_where_input_and_output_steps_cancel_is_still_probed(gap: Run) -> None:
+    # the serial side flips fc1's pre-activation (7, 9) at -0.005 rms; the second probe
+    # pair moves the module outputs alone, so one of its probes flips it too: fc1.bias[9]
+    # is unstable, kept out of the noise, and the halved hidden-bias grad fails
+    assert gap.cell("relu_mlp[")["status"] == "passed"
+    killed = gap.cell("relu_mlp[", "hidden_bias_grad_half")
+    assert killed["status"] == "killed", (killed["status"], killed["message"])
+    line = next(
+        x
+        for x in killed["failures"][0]["message"].splitlines()
+        if x.strip().startswith("fc1.bias: ")
+    )
+    assert "4 unstable" in line and "serial 2" in line, line

@@ -24,6 +24,7 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
+from cpmatrix.parity._second import attach, needs_second, row_shards, second_sample
 from cpmatrix.parity._step import (
     EnterStep,
     check_sharding_active,
@@ -31,7 +32,14 @@ from cpmatrix.parity._step import (
     run_cp,
     twin_line,
 )
-from cpmatrix.parity._twin import Twin, make_twin, outputs_of, upcast_inputs
+from cpmatrix.parity._twin import (
+    Twin,
+    buffer_copies,
+    make_twin,
+    outputs_of,
+    run_probes,
+    upcast_inputs,
+)
 from cpmatrix.parity._verdicts import (
     ParityReport,
     Verdicts,
@@ -101,6 +109,7 @@ def run_training(
         s_before = {n: p.detach().clone() for n, p in s_params.items()}
         c_before = {n: to_full(p.detach()).clone() for n, p in c_params.items()}
         t_before = {n: p.detach().clone() for n, p in t_params.items()}
+        s_start = buffer_copies(serial) if twin.ok else {}
         s_opt, c_opt = optimizer(serial.parameters()), optimizer(cp.parameters())
         t_opt: Any = None
         with twin.running():
@@ -114,10 +123,12 @@ def run_training(
                 cell, serial, ins, output_axes, loss, s_opt, verdicts, first=step == 0)
             c_leaves, c_loss = _cp_step(cell, cp, ins, enter, s_leaves, axes_of, proj, loss,
                                         c_opt)
-            t_out, t_loss = _twin_step(twin, t_ins, proj, loss, t_opt)
+            t_out, t_loss, t_grads = _twin_step(twin, t_ins, proj, loss, t_opt)
             if step == 0:
+                _sample_first_step(cell, verdicts, serial, s_start, ins, t_ins, s_leaves,
+                                   {**s_params, **s_leaves}, twin, t_out, t_grads, tol)
                 _first_step(cell, verdicts, ins, s_leaves, c_leaves, axes_of, tol, twin,
-                            t_out, activations, cp, c_params)
+                            twin.outputs or t_out, activations, cp, c_params)
                 _first_step_grads(cell, verdicts, s_params, c_params, t_params, tol, twin,
                                   allow_zero)
             losses[f"loss[{step}]"] = (
@@ -226,11 +237,14 @@ def _cp_step(
 def _twin_step(
     twin: Twin, t_ins: Mapping[str, Any], proj: Mapping[str, torch.Tensor],
     loss: LossFn | None, t_opt: torch.optim.Optimizer | None,
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], Any, dict[str, torch.Tensor]]:
     """The fp64 twin's forward, loss and backward of one step (nothing without a twin);
-    its outputs by name and its loss."""
+    its outputs by name, its loss, and the loss's grad w.r.t. each differentiable output
+    (the grad_outputs that give the step's parameter grads: the projections themselves
+    for the default loss)."""
     t_out: dict[str, Any] = {}
     t_loss: Any = None
+    t_grads: dict[str, torch.Tensor] = {}
     with twin.running():
         if twin.ok:
             raw = twin.module(**t_ins)
@@ -238,8 +252,44 @@ def _twin_step(
             t_loss = _loss(raw, t_out, proj, loss)
             assert t_opt is not None
             t_opt.zero_grad(set_to_none=True)
+            named = [(n, v) for n, v in t_out.items()
+                     if isinstance(v, torch.Tensor) and v.requires_grad]
+            if loss is None:
+                t_grads = {n: proj[n] for n, _ in named if n in proj}
+            elif named and t_loss.requires_grad:
+                found = torch.autograd.grad(t_loss, [v for _, v in named], retain_graph=True,
+                                            allow_unused=True)
+                t_grads = {n: g.detach() for (n, _), g in zip(named, found, strict=True)
+                           if g is not None}
             torch.autograd.backward([t_loss])
-    return t_out, t_loss
+    return t_out, t_loss, t_grads
+
+
+def _sample_first_step(
+    cell: Any, verdicts: Verdicts, serial: Any, s_start: Mapping[str, torch.Tensor],
+    ins: Inputs, t_ins: Mapping[str, Any], s_leaves: Mapping[str, Any],
+    compared: Mapping[str, Any], twin: Twin, t_out: Mapping[str, Any],
+    t_grads: Mapping[str, torch.Tensor], tol: Tolerance,
+) -> None:
+    """Step 0 judged as a step check judges its step: the twin probed (the elements a
+    rounding-sized step flips are judged apart) and, where a compared tensor has fewer
+    than 16 elements and the CP side shards the rows, the serial side's second sample in
+    the cell's precision (:mod:`._second`). Both backward with the loss's grad w.r.t. the
+    outputs (``t_grads``). The later steps and the weight deltas keep the unprobed rule:
+    docs/parity.md, "The second serial sample"."""
+    if not (twin.ok and tol.twin is not None and t_grads):
+        return
+    twin.outputs = {n: v.detach() for n, v in t_out.items() if isinstance(v, torch.Tensor)}
+    twin.input_grads = {}
+    twin.param_grads = {n: p.grad for n, p in named_params(twin.module).items()}
+    parts = row_shards(ins.cp)
+    sample = (second_sample(serial, s_start, ins.serial, [], s_leaves, t_grads, twin, parts,
+                            lambda: autocast_ctx(cell))
+              if parts > 1 and needs_second(compared) else None)
+    run_probes(twin, t_ins, [], t_grads, tol.twin.eps)
+    if sample is not None:
+        attach(twin, sample)
+        verdicts.evidence["second_sample"] = f"step 0: {sample.line()}"
 
 
 def _projections(cell: Any, s_leaves: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -287,8 +337,9 @@ def _first_step_grads(
 ) -> None:
     """Step 0's parameter grads: CP against serial (and the twin's), serial ones non-zero
     (later steps' grads show in the weight deltas)."""
-    check_param_grads(verdicts, s_params, c_params, tol, cell.mesh,
-                      {n: p.grad for n, p in t_params.items()} if twin.ok else {})
+    # the probed values with their second sample where step 0 took them
+    t_grads = twin.param_grads or {n: p.grad for n, p in t_params.items()}
+    check_param_grads(verdicts, s_params, c_params, tol, cell.mesh, t_grads if twin.ok else {})
     verdicts.add(
         Check.NONZERO,
         grad_problems(

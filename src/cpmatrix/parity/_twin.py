@@ -266,7 +266,10 @@ def run_probes(twin: Twin, t_ins: Mapping[str, Any], leaves: Sequence[str],
                s_grads: Mapping[str, torch.Tensor], eps: float) -> None:
     """Run the twin four times more, its inputs and every module's outputs moved by
     ``+d`` and ``-d`` (``d = PROBE_ULPS * eps`` times the value, or the rms of a module's
-    output; two patterns of random signs), and wrap each of its values
+    output; two patterns of random signs; the second pair moves the module outputs alone:
+    an input step and an output step in one probe can cancel at a pre-activation near 0,
+    in both pairs, and a flip the serial side took would go unseen), and wrap each of
+    its values
     as :class:`~cpmatrix.parity.compare.Probed`: an element whose decision (a ReLU mask, a
     top-k routing) the cell's rounding can flip jumps under one of the probes.
 
@@ -292,7 +295,8 @@ def run_probes(twin: Twin, t_ins: Mapping[str, Any], leaves: Sequence[str],
             for p in params.values():
                 p.grad = None
             ins, grads = upcast_inputs(t_ins, list(leaves))
-            ins = {n: rebuild(v, n, _stepper(sign, step, gen)) for n, v in ins.items()}
+            if pattern == 0 or not isinstance(twin.module, torch.nn.Module):
+                ins = {n: rebuild(v, n, _stepper(sign, step, gen)) for n, v in ins.items()}
             with torch.random.fork_rng(devices=[]), twin_running(), \
                     warnings.catch_warnings(), _probing(twin.module, sign, step, gen):
                 warnings.simplefilter("ignore")
