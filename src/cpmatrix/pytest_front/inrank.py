@@ -10,7 +10,9 @@ A cell's ranks already hold a default process group of exactly the cell's ranks
   ``MultiProcessTestCase`` destroy it after each test; the cell's group belongs to the
   world). Both are put back when the test ends;
 - the groups the test made (meshes, ``new_group``) are destroyed after it, with
-  DTensor's caches that could still name them: natively each such test ends its process;
+  DTensor's caches that could still name them, and through DeepSpeed's comm where the
+  test initialized it (DeepSpeed then forgets those it kept): natively each such test
+  ends its process;
 - what they wrote to the default group's store is in the test's own namespace (a
   ``PrefixStore`` per test): natively each test's processes have a fresh store;
 - the working folder is the folder pytest was started in.
@@ -409,6 +411,36 @@ def _store_namespace(cell: CellContext) -> Iterator[None]:
             c10d._world.pg_map[pg] = (backend, store)
 
 
+def _destroyer(real_destroy: Callable[[Any], None]) -> Callable[[Any], None]:
+    """How a group the test made is destroyed: through DeepSpeed's own
+    ``deepspeed.comm.destroy_process_group`` where the test initialized DeepSpeed's comm,
+    else torch's. DeepSpeed keeps the groups it makes in module globals
+    (``deepspeed.utils.groups``: the world group's clone ``deepspeed.initialize``
+    broadcasts on) and forgets one only when it is destroyed through its comm; destroyed
+    behind its back, the next test in this rank would get the dead group ("Group ... is
+    not registered"), where natively each test has fresh processes."""
+    comm = sys.modules.get("deepspeed.comm")
+    ds_destroy = getattr(comm, "destroy_process_group", None)
+    ds_initialized = getattr(comm, "is_initialized", None)
+    try:
+        use_ds = callable(ds_destroy) and callable(ds_initialized) and bool(ds_initialized())
+    except Exception:
+        use_ds = False
+    if not use_ds:
+        return real_destroy
+    assert callable(ds_destroy)
+
+    def destroy(group: Any) -> None:
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):
+            ds_destroy(group)
+        if group in dist.distributed_c10d._world.pg_map:  # its comm did not: torch's
+            real_destroy(group)
+
+    return destroy
+
+
 @contextlib.contextmanager
 def in_test(item: Any, cell: CellContext, dialect: Dialect, *, workdir: str) -> Iterator[None]:
     """Around one test in a rank: the folder, the group shims, the dialect's setup, and
@@ -424,9 +456,10 @@ def in_test(item: Any, cell: CellContext, dialect: Dialect, *, workdir: str) -> 
                 yield
             finally:
                 made = [g for g in _groups() - before]
+                destroy = _destroyer(real_destroy) if made else real_destroy
                 for group in made:
                     with contextlib.suppress(Exception):
-                        real_destroy(group)
+                        destroy(group)
                 if made:
                     clear_dtensor_caches()
     finally:
