@@ -76,7 +76,8 @@ def judged_result(result: Result, verdict: Verdict,
     """The cell's result as the test's verdict says: passed, xfailed and xpassed are
     ``passed``, a skip ``skipped``, a failure ``failed`` (a crash or hang keeps its status
     and stacks), each failure with the rank's own pytest report as its traceback."""
-    evidence = {**result.evidence, "pytest": verdict.outcome}
+    evidence = {**result.evidence, "pytest": verdict.outcome,
+                **({"left_state": verdict.left_state} if verdict.left_state else {})}
     if verdict.ok:
         status = Status.SKIPPED if verdict.outcome == "skipped" else (
             Status.CACHED if result.status is Status.CACHED else Status.PASSED)

@@ -46,6 +46,8 @@ PHASES: Final = ("setup", "call", "teardown")
 #: ``RankFailure.check`` of a test that failed in pytest's own terms (the rank's
 #: reports tell the story); any other check is cpmatrix's (a :class:`Fault`).
 PYTEST_CHECK: Final = "pytest"
+#: ``RankFailure.check`` of what a test left behind in its rank's process.
+STATE_CHECK: Final = "process_state"
 
 
 def is_own(failure: RankFailure) -> bool:
@@ -90,6 +92,9 @@ class Fault:
     message: str
     #: Stacks of a hang, the rank's traceback of an error.
     details: str = ""
+    #: Only what the test left behind in the process (check ``process_state``), nothing
+    #: of its own outcome.
+    state_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +125,9 @@ class Verdict:
     failing_ranks: tuple[int, ...] = ()
     #: One line on why (the skip reason, the failure's first line).
     reason: str = ""
+    #: What a test that did not fail left behind in its ranks' process (``process_state:
+    #: ...``): noted, not its outcome. "" if nothing.
+    left_state: str = ""
 
     @property
     def ok(self) -> bool:
@@ -163,7 +171,8 @@ def fault_of(result: Result) -> Fault | None:
     return Fault(kind="error", ranks=tuple(sorted({f.rank for f in own})),
                  message="; ".join(dict.fromkeys(_own_message(f.message) for f in own)),
                  details="\n".join(f"--- rank {f.rank}\n{f.traceback}".rstrip()
-                                   for f in own if f.traceback and f.check != PYTEST_CHECK))
+                                   for f in own if f.traceback and f.check != PYTEST_CHECK),
+                 state_only=all(f.check == STATE_CHECK for f in own))
 
 
 def _own_message(message: str) -> str:
@@ -338,6 +347,13 @@ def judge(ranks: Mapping[int, Sequence[RankPhase]], *, size: int,
         if failed:
             i = failed[0]
             phases[i] = _with_note(phases[i], text)
+        elif fault.state_only:
+            # Every phase passed; the test left state behind. Natively its ranks end with
+            # it (or a later test meets it): never the test's own outcome. The rank runs
+            # no more tests (the world is recycled), the note says what was left.
+            end = len(phases) - 1
+            phases[end] = _with_note(phases[end], text)
+            return replace(_verdict(phases, failing), left_state=fault.message)
         else:
             # Every phase passed, then the world found what the test left behind.
             last = next((i for i, p in enumerate(phases) if p.when == "teardown"), None)

@@ -30,7 +30,12 @@ from cpmatrix.matrix.schema import Platform
 from cpmatrix.pytest_front.adapter import FrontSettings, run_tests
 from cpmatrix.pytest_front.collected import session_of, tests_of
 from cpmatrix.pytest_front.exits import SessionExit
-from cpmatrix.pytest_front.reports import replay_warnings, reports_for, subreports_for
+from cpmatrix.pytest_front.reports import (
+    replay_left_state,
+    replay_warnings,
+    reports_for,
+    subreports_for,
+)
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.spare import Spare
@@ -162,6 +167,7 @@ class Controller:
                     hook.pytest_runtest_logreport(report=sub)
             hook.pytest_runtest_logreport(report=report)
         replay_warnings(self.config, item, records, self._warned)
+        replay_left_state(self.config, item, verdict)
         hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def summary_line(self) -> str:

@@ -30,7 +30,14 @@ from cpmatrix.layout import cell_stacks
 from cpmatrix.matrix.pytest_verdict import PhaseVerdict, Verdict
 from cpmatrix.result import FailureKind, Result
 
-__all__ = ["replay_warnings", "reports_for", "subreports_for"]
+__all__ = ["LeftStateWarning", "replay_left_state", "replay_warnings", "reports_for",
+           "subreports_for"]
+
+
+class LeftStateWarning(UserWarning):
+    """A test that did not fail left state behind in its ranks' process (replaced a
+    function, kept a group, ...): its outcome stands, as natively; cpmatrix ran no later
+    test in that process."""
 
 
 def _made(item: Any, phase: PhaseVerdict) -> pytest.TestReport:
@@ -197,3 +204,16 @@ def replay_warnings(config: Any, item: Any, records: Mapping[int, Mapping[str, A
             config.hook.pytest_warning_recorded.call_historic(kwargs={
                 "warning_message": message, "when": "runtest", "nodeid": item.nodeid,
                 "location": None})
+
+
+def replay_left_state(config: Any, item: Any, verdict: Verdict) -> None:
+    """What the test left behind (:attr:`Verdict.left_state`), as a warning of the test."""
+    if not verdict.left_state:
+        return
+    text = (f"cpmatrix: the test left state behind in its ranks' process (its outcome "
+            f"stands; no later test ran there): {verdict.left_state}")
+    message = warnings.WarningMessage(LeftStateWarning(text), LeftStateWarning,
+                                      str(item.location[0]), int(item.location[1] or 0) + 1)
+    config.hook.pytest_warning_recorded.call_historic(kwargs={
+        "warning_message": message, "when": "runtest", "nodeid": item.nodeid,
+        "location": None})

@@ -41,7 +41,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cpmatrix.remote.procs import WORLD_TOKEN
+from cpmatrix.remote.procs import WORLD_TOKEN, kill_all, processes_with_token
 from cpmatrix.run.runners.base import Launch, Runner, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
 
@@ -141,13 +141,15 @@ class Spare:
         return f"the environment differs in {', '.join(diff)}" if diff else ""
 
     def close(self) -> None:
-        """Kill the spare unless a world took it (the world ends it then), and remove
-        its folder (its ``HOME`` and ``TMPDIR`` before adoption)."""
-        if not self.taken and self.proc.poll() is None:
+        """At the end of the run: kill what is left of the spare (untaken, or of the
+        world that took it: that world has ended), every process carrying its token, and
+        remove its folder (its ``HOME`` and ``TMPDIR`` before adoption)."""
+        if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=30)
+        kill_all(processes_with_token(self.token))
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
