@@ -9,22 +9,69 @@ import sys
 from pathlib import Path
 
 from cpmatrix.pytest_front.preload import (
+    early_imports,
     files_to_read,
     installed_imports,
     plugin_packages,
     preload,
+    quiet_conftest,
+    rewritten_names,
     unconditional_imports,
 )
 
 
-def test_only_imports_that_run_whenever_the_module_runs() -> None:
+def test_only_the_leading_imports_before_any_other_code() -> None:
     tree = ast.parse(
-        "import a, b.c\nfrom d.e import f\nif X:\n    import g\nelse:\n    import h\n"
-        "try:\n    import i\n    try:\n        import j\n    except E:\n        pass\n"
-        "except ImportError:\n    import k\nfinally:\n    pass\n"
-        "def l():\n    import m\nclass N:\n    import o\nwith p:\n    import q\n"
-        "from . import r\nfrom .s import t\nimport a\n")
-    assert unconditional_imports(tree) == ["a", "b.c", "d.e", "i", "j"]
+        '"doc"\nfrom __future__ import annotations\nimport a, b.c\nfrom d.e import f\n'
+        "try:\n    import i\nexcept ImportError:\n    import k\n"
+        "import os\nos.environ['X'] = '1'\nimport after_code\n"
+        "if X:\n    import g\ndef l():\n    import m\nfrom . import r\n")
+    assert unconditional_imports(tree) == ["a", "b.c", "d.e", "i", "os"]
+    # A try with more than imports is code: the scan stops there.
+    assert unconditional_imports(ast.parse("import a\ntry:\n    x = 1\n    import b\n"
+                                           "except E:\n    pass\nimport c\n")) == ["a"]
+
+
+def test_a_conftest_that_runs_code_of_its_own_is_not_quiet() -> None:
+    quiet = ('"doc"\nimport pytest\nimport torch\npytest_plugins = ["x"]\n'
+             "@pytest.fixture(scope='session')\ndef f():\n    return os.environ['A']\n"
+             "class Helper:\n    pass\n")
+    assert quiet_conftest(ast.parse(quiet))
+    for loud in ("import os\nos.environ['A'] = '1'\n",
+                 "def pytest_configure(config):\n    pass\n",
+                 "import functools\n@functools.lru_cache\ndef f():\n    pass\n",
+                 "X = compute()\n", "if True:\n    import a\n"):
+        assert not quiet_conftest(ast.parse(loud)), loud
+
+
+def test_modules_pytest_rewrites_are_named() -> None:
+    trees = [ast.parse("pytest_plugins = ['helpers.fixtures', 'other']\n"),
+             ast.parse("import pytest\npytest.register_assert_rewrite('checks.deep', 'x')\n"),
+             ast.parse("pytest_plugins = 'single'\n")]
+    assert rewritten_names(trees, ["-p", "myplug", "-pdirect", "-p", "no:cacheprovider"]) \
+        == {"helpers", "other", "checks", "x", "single", "myplug", "direct"}
+
+
+def test_a_test_file_under_a_loud_conftest_gets_no_early_imports(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    _write(site, "cpmx_q_inst/__init__.py")
+    _write(site, "cpmx_q_rewritten/__init__.py")
+    quiet = _write(tmp_path / "suite" / "quiet", "test_q.py",
+                   "import cpmx_q_inst\nimport cpmx_q_rewritten\n")
+    _write(tmp_path / "suite" / "quiet", "conftest.py",
+           "pytest_plugins = ['cpmx_q_rewritten']\n")
+    loud = _write(tmp_path / "suite" / "loud", "test_l.py", "import cpmx_q_inst\n")
+    _write(tmp_path / "suite" / "loud", "conftest.py", "import os\nos.environ['A'] = '1'\n")
+    sys.path.insert(0, str(site))
+    try:
+        def installed(path: str) -> bool:
+            return path.startswith(str(site))
+
+        root = str(tmp_path / "suite")
+        assert early_imports([str(quiet)], root, list(sys.path), installed) == ["cpmx_q_inst"]
+        assert early_imports([str(loud)], root, list(sys.path), installed) == []
+    finally:
+        sys.path.remove(str(site))
 
 
 def test_conftests_from_the_rootdir_down_come_first(tmp_path: Path) -> None:

@@ -206,6 +206,16 @@ def test_state_left_behind_after_passing_is_noted_not_the_outcome() -> None:
     assert outcome_of(skipped)[0] == "skipped" and skipped.left_state
 
 
+def test_a_shared_thing_broken_is_not_state_left_behind() -> None:
+    # A group destroyed, an unpaired collective, a stray child: the ranks go on (not
+    # recycled), so the test that did it fails.
+    shared = RankFailure(rank=1, message="process_state: the case destroyed process "
+                         "group(s) 1", check="process_shared")
+    world = res(Status.FAILED, FailureKind.ERROR, ranks=(1,), failures=(shared,))
+    v = judge({0: ran("passed"), 1: ran("passed")}, size=2, result=world)
+    assert outcome_of(v)[0] == "error" and not v.left_state
+
+
 def test_state_left_with_another_fault_of_cpmatrix_still_fails() -> None:
     leak = RankFailure(rank=0, message="process_state: the case replaced torch.x",
                        check="process_state")

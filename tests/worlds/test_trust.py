@@ -97,7 +97,7 @@ def test_destroying_the_process_group_blames_the_case_that_did_it(trust_run) -> 
     _, _, out = trust_run
     culprit = _result(out, "t04_")
     assert culprit["status"] == "failed", culprit
-    assert culprit["failures"][0]["check"] == "process_state"
+    assert culprit["failures"][0]["check"] == "process_shared"  # not reused, not recycled
     assert "process group" in _blob(culprit)
     innocent = _result(out, "t05_")
     assert innocent["status"] == "passed", _blob(innocent)

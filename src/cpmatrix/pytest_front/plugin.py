@@ -103,6 +103,8 @@ def _controller(config: Any) -> Any:
     runs = not any(config.getoption(o, False) for o in _RUNS_NOTHING)
     spare = start_spare(settings, platform_for("cpu", os.environ, user_cache=user_cache)) \
         if device != "cuda" and runs else None
+    if spare is not None:
+        config.add_cleanup(spare.close)  # whatever fails after this point
     if device == "auto":
         import torch
 

@@ -9,16 +9,22 @@ them (:func:`preload`, called from the world's ``before_fork``).
 
 Only what is faithful to import early is imported:
 
-- modules named by an **unconditional** import of a test file or of a ``conftest.py``
-  above it (the module body and top-level ``try`` bodies: what running the file imports
-  whatever the machine; not ``if`` branches, not function bodies);
+- modules named by a test file's **leading** imports (after its docstring; a ``try``
+  holding only imports counts), up to its first statement of any other kind: importing
+  them earlier runs nothing of the file before them;
+- only for test files whose ``conftest.py`` files (from the rootdir down) run nothing of
+  the suite's own at import (imports, definitions with plain decorators, literals; no
+  early hook such as ``pytest_configure``), whose leading imports count too; a conftest
+  that sets a variable or defines ``pytest_configure`` could change what the imports
+  see, so its tests get no early imports;
 - **installed** ones only: the standard library or a non-editable distribution's files
-  (the same rule that keeps them out of the cache's observed set, so the cache key is
-  unchanged: they are covered by the toolchain's ``name==version``), found at the same
-  place from the rank's ``sys.path`` as from the launcher's;
-- never a package that registers a pytest plugin (``pytest11``): pytest rewrites the
-  asserts of those and warns when one was imported before it (an error under
-  ``-W error``);
+  (the same rule that keeps them out of the cache's observed set: they are covered by
+  the toolchain's ``name==version``), found at the same place from the rank's
+  ``sys.path`` as from the launcher's; imported in the folder the tests run in; what
+  they read is observed (``world_main``) and is every cell's input;
+- never a package pytest rewrites the asserts of (a ``pytest11`` plugin's, a
+  ``pytest_plugins`` entry, a ``register_assert_rewrite`` argument, a ``-p`` plugin):
+  pytest warns when one was imported before it (an error under ``-W error``);
 - absolute imports only; a module that fails to import is left for the rank, which
   reports the error as it would natively.
 
@@ -26,15 +32,15 @@ Example::
 
     >>> import ast
     >>> unconditional_imports(ast.parse(
-    ...     "import a.b\\nfrom c import d\\nif x:\\n    import e\\n"
-    ...     "try:\\n    import f\\nexcept ImportError:\\n    import g\\n"
-    ...     "def h():\\n    import i\\nfrom . import j\\n"))
+    ...     "'doc'\\nimport a.b\\nfrom c import d\\ntry:\\n    import f\\n"
+    ...     "except ImportError:\\n    import g\\nX = 1\\nimport h\\n"))
     ['a.b', 'c', 'f']
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -43,24 +49,104 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["files_to_read", "installed_imports", "plugin_packages", "preload",
-           "unconditional_imports"]
+__all__ = ["early_imports", "files_to_read", "installed_imports", "plugin_packages", "preload",
+           "quiet_conftest", "rewritten_names", "unconditional_imports"]
+
+
+def _import_names(node: ast.stmt) -> list[str] | None:
+    """The absolute modules an import statement names (None: not an import)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] if node.level == 0 and node.module else []
+    return None
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+        and isinstance(node.value.value, str)
 
 
 def unconditional_imports(tree: ast.Module) -> list[str]:
-    """Absolute module names a module's body imports whenever it runs, in order."""
+    """The absolute modules a module imports *first*, before any other code of it runs:
+    its leading import statements (after the docstring; a ``try`` holding only imports
+    counts, its body runs), up to the first statement of any other kind. Importing
+    those earlier changes nothing the module did before them."""
     out: list[str] = []
-    body = list(tree.body)
-    while body:
-        node = body.pop(0)
-        if isinstance(node, ast.Import):
-            out += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module:
-                out.append(node.module)
-        elif isinstance(node, ast.Try):
-            body[:0] = node.body  # the try body runs; the handlers only on an error
-    return list(dict.fromkeys(out))
+    for i, node in enumerate(tree.body):
+        names = _import_names(node)
+        if names is not None:
+            out += names
+        elif i == 0 and _is_docstring(node):
+            continue
+        elif isinstance(node, ast.Try) and all(
+                _import_names(n) is not None for n in node.body):
+            out += [m for n in node.body for m in _import_names(n) or []]
+        else:
+            break
+    return [m for m in dict.fromkeys(out) if m != "__future__"]
+
+
+#: Hooks a conftest can run before the test modules are imported: code of the suite's
+#: that must run before anything it imports (so such a suite gets no early imports).
+_EARLY_HOOKS = frozenset({
+    "pytest_configure", "pytest_sessionstart", "pytest_load_initial_conftests",
+    "pytest_cmdline_main", "pytest_cmdline_parse", "pytest_cmdline_preparse",
+    "pytest_plugin_registered", "pytest_addhooks", "pytest_collection",
+})
+#: Decorators that only register what they decorate.
+_PLAIN_DECORATORS = frozenset({"fixture", "hookimpl", "hookspec", "pytest.fixture",
+                               "pytest.hookimpl", "pytest.hookspec"})
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    return ast.unparse(target)
+
+
+def quiet_conftest(tree: ast.Module) -> bool:
+    """Whether importing a ``conftest.py`` runs nothing of the suite's own before the test
+    modules are imported: imports, definitions with plain decorators (no early hook),
+    names bound to literals. Only then may its tests' imports be made earlier."""
+    for i, node in enumerate(tree.body):
+        if _import_names(node) is not None or (i == 0 and _is_docstring(node)):
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name in _EARLY_HOOKS or any(
+                    _decorator_name(d) not in _PLAIN_DECORATORS for d in node.decorator_list):
+                return False
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            try:
+                ast.literal_eval(node.value)
+            except ValueError:
+                return False
+            continue
+        return False
+    return True
+
+
+def rewritten_names(trees: Iterable[ast.Module], args: Sequence[str]) -> set[str]:
+    """Top-level modules pytest rewrites the asserts of besides ``pytest11`` plugins:
+    ``pytest_plugins`` entries, ``register_assert_rewrite(...)`` arguments, ``-p NAME``."""
+    out: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "pytest_plugins" for t in node.targets):
+                with contextlib.suppress(ValueError):
+                    value = ast.literal_eval(node.value)
+                    out |= {value} if isinstance(value, str) else {str(v) for v in value}
+            elif isinstance(node, ast.Call) and _decorator_name(node).endswith(
+                    "register_assert_rewrite"):
+                out |= {a.value for a in node.args
+                        if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    for i, arg in enumerate(args):
+        name = args[i + 1] if arg == "-p" and i + 1 < len(args) else (
+            arg[2:] if arg.startswith("-p") and len(arg) > 2 else "")
+        if name and not name.startswith("no:"):
+            out.add(name)
+    return {name.split(".", 1)[0] for name in out}
 
 
 def files_to_read(test_files: Iterable[str], rootdir: str) -> list[str]:
@@ -118,18 +204,24 @@ def _origin(name: str, path: Sequence[str] | None) -> str | None:
     return spec.origin if spec.origin else None
 
 
+def _parse(file: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(file).read_bytes(), filename=file)
+    except (OSError, SyntaxError, ValueError):
+        return None  # the rank's collection reports it
+
+
 def installed_imports(files: Iterable[str], rank_path: Sequence[str],
                       installed: Callable[[str], bool], excluded: set[str]) -> list[str]:
-    """The modules of ``files``' unconditional imports that are safe to import early:
-    top-level package installed (``installed(path)``), found at the same place from
-    ``rank_path`` as from this process's ``sys.path``, not in ``excluded``, not loaded."""
+    """The modules of ``files``' leading imports (:func:`unconditional_imports`) that are
+    safe to import early: top-level package installed (``installed(path)``), found at the
+    same place from ``rank_path`` as from this process's ``sys.path``, not in
+    ``excluded``, not loaded."""
     names: list[str] = []
     for file in files:
-        try:
-            tree = ast.parse(Path(file).read_bytes(), filename=file)
-        except (OSError, SyntaxError, ValueError):
-            continue  # the rank's collection reports it
-        names += unconditional_imports(tree)
+        tree = _parse(file)
+        if tree is not None:
+            names += unconditional_imports(tree)
     out: list[str] = []
     verdicts: dict[str, bool] = {}
     for name in dict.fromkeys(names):
@@ -147,22 +239,50 @@ def installed_imports(files: Iterable[str], rank_path: Sequence[str],
     return out
 
 
+def early_imports(test_files: Iterable[str], rootdir: str, rank_path: Sequence[str],
+                  installed: Callable[[str], bool], args: Sequence[str] = ()) -> list[str]:
+    """What :func:`preload` imports for ``test_files``: for each test file whose
+    conftests are all quiet (:func:`quiet_conftest`), the installed modules its conftests
+    and itself import first; never a plugin's package (``pytest11``, ``pytest_plugins``,
+    ``register_assert_rewrite``, ``-p``)."""
+    files: list[str] = []
+    trees: list[ast.Module] = []
+    for test in test_files:
+        chain = files_to_read([test], rootdir)
+        parsed = [_parse(f) for f in chain]
+        if any(t is None for t in parsed) or not all(
+                quiet_conftest(t) for f, t in zip(chain, parsed, strict=True)
+                if t is not None and f != test):
+            continue
+        files += chain
+        trees += [t for t in parsed if t is not None]
+    excluded = {*plugin_packages(), *rewritten_names(trees, args), "conftest", "cpmatrix"}
+    return installed_imports(dict.fromkeys(files), rank_path, installed, excluded)
+
+
 def preload(test_files: Iterable[str], rootdir: str, rank_path: Sequence[str],
-            installed: Callable[[str], bool]) -> list[str]:
-    """Import the installed modules the test files import (:func:`installed_imports`);
-    the names imported. Never raises: what fails is the rank's to report."""
+            installed: Callable[[str], bool], *, cwd: str = "",
+            args: Sequence[str] = ()) -> list[str]:
+    """Import :func:`early_imports`, in ``cwd`` (the folder the tests run in; the
+    launcher's own after); the names imported. Never raises: what fails is the rank's
+    to report."""
     try:
-        names = installed_imports(files_to_read(test_files, rootdir), rank_path, installed,
-                                  {*plugin_packages(), "conftest", "cpmatrix"})
+        names = early_imports(test_files, rootdir, rank_path, installed, args)
     except Exception:
         return []
+    here = os.getcwd()
     done: list[str] = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:  # SystemExit too: a module may exit at import
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            continue
-        done.append(name)
+    try:
+        if cwd:
+            os.chdir(cwd)
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:  # SystemExit too: a module may exit at import
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                continue
+            done.append(name)
+    finally:
+        os.chdir(here)
     return done

@@ -129,7 +129,8 @@ def before_fork(world: WorldSpec, installed: Callable[[str], bool]) -> list[str]
     spec = PytestSession.from_json(str(cells[0].params["session"]))
     root = Path(spec.rootdir)
     files = dict.fromkeys(str(root / str(c.params["nodeid"]).split("::", 1)[0]) for c in cells)
-    return preload(files, spec.rootdir, [p for p in spec.sys_path if p], installed)
+    return preload(files, spec.rootdir, [p for p in spec.sys_path if p], installed,
+                   cwd=spec.dir, args=spec.args)
 
 
 def prepare(world: WorldSpec, rank: int) -> None:

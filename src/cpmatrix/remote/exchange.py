@@ -40,16 +40,27 @@ def exchange(store: Any, index: int, rank: int, size: int, timeout_s: float,
     return {r: PeerReport.decode(store.get(key)) for r, key in enumerate(keys)}
 
 
+#: The check of a cell that changed what cannot be restored (its ranks run no later
+#: cell), and of one that broke what the world shares (its groups, its collectives'
+#: pairing, stray processes: it is not reused, and the ranks go on).
+STATE_CHECK = "process_state"
+SHARED_CHECK = "process_shared"
+
+
 def blame_state(outcome: Outcome, problems: list[str], *, recycle: bool) -> Outcome:
-    """Fail the cell that changed what it must leave as it was (check ``process_state``)."""
+    """Fail the cell that changed what it must leave as it was (check
+    :data:`STATE_CHECK` when the world is recycled after it, else :data:`SHARED_CHECK`)."""
     message = "process_state: " + "; ".join(problems)
     after = "the world is recycled after this cell" if recycle else "it is not reused"
     print(f"cpmatrix worker: cell {outcome.id} on rank {outcome.rank}: {message}; {after}",
           file=sys.stderr)
+    check = STATE_CHECK if recycle else SHARED_CHECK
     if outcome.ok:
         return dataclasses.replace(outcome, status=ERROR, exc_type="ProcessStateError",
-                                   message=message, traceback="", check="process_state",
+                                   message=message, traceback="", check=check,
                                    recycle=recycle or outcome.recycle)
-    # Keep the case's own error first; the state problem is part of the story.
+    # Keep the case's own error first; the state problem is part of the story (and a
+    # shared thing broken outweighs a state change alone).
+    kept = SHARED_CHECK if outcome.check == STATE_CHECK and not recycle else outcome.check
     return dataclasses.replace(outcome, message=f"{outcome.message}; {message}",
-                               recycle=recycle or outcome.recycle)
+                               check=kept, recycle=recycle or outcome.recycle)

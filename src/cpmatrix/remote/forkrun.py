@@ -116,9 +116,10 @@ def _child(rank: int, args: argparse.Namespace, target: Any) -> None:
 
 _SPAWNED: list[Any] = []
 #: A spawned rank: the target module's ``main(argv)``, as a forked rank calls it.
-_SPAWNED_MAIN = ("import importlib, sys\n"
+_SPAWNED_MAIN = ("import importlib, os, sys\n"
                  "code = importlib.import_module(sys.argv[1]).main(sys.argv[2:])\n"
-                 "sys.exit(code if isinstance(code, int) else 0)\n")
+                 "sys.stdout.flush(); sys.stderr.flush()\n"
+                 "os._exit(code if isinstance(code, int) else 0)\n")
 
 
 def _spawn(args: argparse.Namespace) -> dict[int, int]:
@@ -162,6 +163,12 @@ def _adopted() -> list[str] | None:
     os.environ.clear()
     os.environ.update(world["env"])
     tempfile.tempdir = None  # gettempdir() caches its first answer: the spare's TMPDIR
+    # What torch read from the folder it was imported in: the world's, as a launcher
+    # started in the world's folder has it (TORCH_COMPILE_DEBUG's output).
+    dynamo = sys.modules.get("torch._dynamo.config")
+    if dynamo is not None:
+        setattr(dynamo, "debug_dir_root",  # noqa: B010  (a module: no typed attribute)
+                os.path.join(os.getcwd(), "torch_compile_debug"))
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(world["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -194,18 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     # What every rank would build alike right after the fork (world_main's snapshot of
     # the module namespaces, ~0.1-0.4 s): built once here, inherited by the ranks.
     prepare = getattr(target, "before_fork", None)
-    alone = _threads() == 1
-    if callable(prepare):
-        prepare(list(args.args))
     import torch
 
+    alone = _threads() == 1 and not torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    if callable(prepare):
+        prepare(list(args.args))
     threads = _threads()
     cuda = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-    if alone and threads != 1 and not cuda:
-        # What ``before_fork`` imported for the ranks started a thread: start each rank
-        # as a fresh interpreter instead (as torchrun does; slower, never unsafe).
-        print(f"forkrun: {threads} threads after the world's imports; starting the ranks "
-              "as new processes instead of forking", file=sys.stderr, flush=True)
+    if alone and (threads != 1 or cuda):
+        # What ``before_fork`` imported for the ranks started a thread or CUDA: start
+        # each rank as a fresh interpreter instead (as torchrun does; slower, never unsafe).
+        print(f"forkrun: {threads} threads, cuda initialized: {cuda} after the world's "
+              "imports; starting the ranks as new processes instead of forking",
+              file=sys.stderr, flush=True)
         return _supervise(_spawn(args), args)
     if threads != 1 or cuda:
         # A forked child gets only the forking thread: a lock another thread held (an

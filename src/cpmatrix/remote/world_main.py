@@ -54,6 +54,7 @@ from cpmatrix.remote import sever
 from cpmatrix.remote.case import run_cell
 from cpmatrix.remote.cellenv import CellEnvironment
 from cpmatrix.remote.exchange import blame_state, exchange
+from cpmatrix.remote.follow import UNOBSERVED
 from cpmatrix.remote.hygiene import GroupLedger, Verdict, install_p2p_counter, judge
 from cpmatrix.remote.meshes import (
     clear_dtensor_caches,
@@ -155,9 +156,23 @@ def _before_prepare(world: WorldSpec) -> None:
     hook = getattr(module, "before_fork", None)
     if callable(hook):
         classifier = warm()
-        names = hook(world, lambda path: not classifier.observed(path))
+        # What these imports read (a data or config file an installed module reads at
+        # import) is every cell's input, as when each rank imported them itself.
+        observer = ReadObserver(skip=(world.out_root, world.dir))
+        observer.start()
+        try:
+            names = hook(world, lambda path: not classifier.observed(path))
+        finally:
+            reads = observer.stop()
+        _PRELOAD_READS.update(reads if reads is not None else {
+            "(the imports before the fork)": f"{UNOBSERVED}{observer.failed}"})
         print(f"cpmatrix worker: imported {len(names)} installed modules the world's "
               "prepare step needs before the fork", file=sys.stderr, flush=True)
+
+
+#: What the imports before the fork read (:func:`_before_prepare`), for every rank's
+#: observed set.
+_PRELOAD_READS: dict[str, str] = {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     # log theirs under the world's folder (cpmatrix.remote.follow).
     observer = ReadObserver(skip=(world.out_root, world.dir),
                             follow=os.path.join(world.dir, "follow"))
+    observer.seen.update(_PRELOAD_READS)
     if world.prepare:
         # Before the baseline (the rank's isolation, below): what it sets up (the pytest
         # front's session, its imports and sys.path) is every cell's starting state, not
