@@ -51,10 +51,12 @@ def _blob(r: dict[str, Any]) -> str:
                                            for f in r["failures"])
 
 
-def _state_failure(r: dict[str, Any]) -> str:
-    """The cell failed itself, check process_state; the failure text."""
+def _state_failure(r: dict[str, Any], check: str = "process_state") -> str:
+    """The cell failed itself, check ``check`` (``process_state``: it changed what cannot
+    be restored, the world is recycled; ``process_shared``: it broke what the world
+    shares, it is not reused); the failure text."""
     assert r["status"] == "failed", r
-    assert r["failures"][0]["check"] == "process_state", r
+    assert r["failures"][0]["check"] == check, r
     return _blob(r)
 
 
@@ -87,11 +89,12 @@ def test_a_forked_child_never_writes_the_ranks_outcome(serial) -> None:
     (before: recorded as the rank's error)."""
     _, out, by = serial
     returns = by["i09_fork_returns"]
-    text = _state_failure(returns)
+    text = _state_failure(returns, "process_shared")
     child = (out / returns["out_dir"] / "rank0" / "child-pid").read_text()
     assert f"a forked child (pid {child}) of the case returned out of the case" in text
     assert "os._exit" in text
-    assert "ValueError: the child's own error" in _state_failure(by["i10_fork_raises"])
+    assert "ValueError: the child's own error" in _state_failure(by["i10_fork_raises"],
+                                                                     "process_shared")
     exit0 = by["i11_fork_sys_exit"]
     assert exit0["status"] == "passed" and exit0["evidence"]["child_exit"] == 0, exit0
     mp = by["i12_multiprocessing_fork"]
@@ -192,7 +195,7 @@ def test_a_patch_on_an_installed_package_and_a_thread_left_fail_their_cell(seria
 def test_a_pending_send_fails_its_cell_and_the_next_gets_a_clean_group(serial) -> None:
     """Row 10: before, the culprit passed and the innocent next cell timed out."""
     _, _, by = serial
-    text = _state_failure(by["i19_pending_isend"])
+    text = _state_failure(by["i19_pending_isend"], "process_shared")
     assert "1 send(s) to rank 1 with tag 0" in text and "without a partner" in text
     victim = by["i20_p2p_victim"]
     assert victim["status"] == "passed", _blob(victim)
@@ -204,7 +207,7 @@ def test_a_destroyed_subgroup_fails_the_cell_that_destroyed_it(serial) -> None:
     """Row 11: before, the culprit passed and the next cell failed with "Could not
     resolve the process group"."""
     _, _, by = serial
-    assert "mesh_cp0" in _state_failure(by["i21_destroy_subgroup"])
+    assert "mesh_cp0" in _state_failure(by["i21_destroy_subgroup"], "process_shared")
     assert by["i22_subgroup_victim"]["status"] == "passed", _blob(by["i22_subgroup_victim"])
 
 
