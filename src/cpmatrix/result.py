@@ -17,8 +17,14 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["MUTANT_MARK", "FailureKind", "RankFailure", "Result", "Status", "read_results",
-           "split_testcase_name", "target_of", "testcase_name"]
+__all__ = ["MUTANT_MARK", "SHARED_CHECK", "STATE_CHECK", "FailureKind", "RankFailure", "Result",
+           "Status", "read_results", "split_testcase_name", "target_of", "testcase_name"]
+
+#: ``RankFailure.check`` of a cell that changed what cannot be restored in its ranks'
+#: processes (they run no later cell), and of one that broke what the world shares (its
+#: groups, its collectives' pairing, stray processes: not reused, the ranks go on).
+STATE_CHECK = "process_state"
+SHARED_CHECK = "process_shared"
 
 #: Separates a cell id from the mutant switched on in a testcase name.
 MUTANT_MARK = "!mutant="

@@ -14,14 +14,13 @@ import ast
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cpmatrix import defaults
-from cpmatrix.pytest_front import plugin
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.settings import FaultTimings
+from plugin_options import plugin_options
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
 
@@ -156,34 +155,10 @@ def test_the_scans_see_planted_copies() -> None:
     assert imports_home("from cpmatrix.defaults import TIMEOUT_S\n", timeout)
 
 
-class _Group:
-    """A pytest option group that keeps what is declared on it."""
-
-    def __init__(self) -> None:
-        self.options: dict[str, dict[str, Any]] = {}
-
-    def addoption(self, flag: str, **kwargs: Any) -> None:
-        self.options[flag] = kwargs
-
-
-class _Parser:
-    def __init__(self) -> None:
-        self.group = _Group()
-
-    def getgroup(self, name: str, description: str = "") -> _Group:
-        return self.group
-
-
-def _plugin_options() -> dict[str, dict[str, Any]]:
-    parser = _Parser()
-    plugin.pytest_addoption(parser)
-    return parser.group.options
-
-
 def test_the_plugin_flags_take_the_cli_declarations() -> None:
     """Each plugin flag of a run setting has the CLI flag's default object, type and
     choices; reading the flags' defaults back gives the CLI's default options."""
-    options = _plugin_options()
+    options = plugin_options()
     by_name = {f.name: f for f in dataclasses.fields(RunOptions)}
     shared = {"--cpmatrix-runner": "runner", "--cpmatrix-launcher": "launcher",
               "--cpmatrix-world-ranks": "world_ranks",
@@ -206,7 +181,7 @@ def test_the_plugin_flags_take_the_cli_declarations() -> None:
 
 def test_the_plugin_keeps_its_flags_and_their_help() -> None:
     """The names and help texts users know (docs/pytest.md's table)."""
-    options = _plugin_options()
+    options = plugin_options()
     assert list(options) == [
         "--cpmatrix", "--cpmatrix-out", "--cpmatrix-timeout", "--cpmatrix-runner",
         "--cpmatrix-launcher", "--cpmatrix-world-ranks", "--cpmatrix-abort-grace",

@@ -16,6 +16,7 @@ from typing import Any
 from cpmatrix.pytest_front import plugin
 from cpmatrix.pytest_front.options import FrontOptions
 from cpmatrix.run.options import RunOptions
+from plugin_options import plugin_options
 
 PLUGIN = Path(plugin.__file__)
 
@@ -37,41 +38,18 @@ FROZEN: dict[str, dict[str, Any]] = {
 }
 
 
-class _Group:
-    def __init__(self) -> None:
-        self.options: dict[str, dict[str, Any]] = {}
-
-    def addoption(self, flag: str, **kwargs: Any) -> None:
-        assert flag not in self.options, f"{flag} declared twice"
-        self.options[flag] = kwargs
-
-
-class _Parser:
-    def __init__(self) -> None:
-        self.group = _Group()
-
-    def getgroup(self, name: str, description: str = "") -> _Group:
-        return self.group
-
-
-def _declared() -> dict[str, dict[str, Any]]:
-    parser = _Parser()
-    plugin.pytest_addoption(parser)
-    return parser.group.options
-
-
 def _fields_with_flags() -> dict[str, tuple[type, str]]:
     return {f.metadata["pytest"][0]: (cls, f.name) for cls in (RunOptions, FrontOptions)
             for f in dataclasses.fields(cls) if f.metadata.get("pytest") is not None}
 
 
 def test_the_fronts_own_flags_keep_their_names_defaults_and_help() -> None:
-    options = _declared()
+    options = plugin_options()
     assert {flag: options[flag] for flag in FROZEN} == FROZEN
 
 
 def test_every_flag_is_a_declared_field_and_none_is_written_by_hand() -> None:
-    options = _declared()
+    options = plugin_options()
     assert set(options) == set(_fields_with_flags())
     hand = [n.lineno for n in ast.walk(ast.parse(PLUGIN.read_text()))
             if isinstance(n, ast.Attribute) and n.attr == "addoption"]
@@ -80,7 +58,7 @@ def test_every_flag_is_a_declared_field_and_none_is_written_by_hand() -> None:
 
 def test_the_flags_read_back_as_the_declared_defaults() -> None:
     values = {flag.removeprefix("--").replace("-", "_"): o["default"]
-              for flag, o in _declared().items()}
+              for flag, o in plugin_options().items()}
     assert FrontOptions.from_pytest(values.__getitem__) == FrontOptions()
     given = {**values, "cpmatrix_device": "cpu", "cpmatrix_timeout": 7.0}
     read = FrontOptions.from_pytest(given.__getitem__)

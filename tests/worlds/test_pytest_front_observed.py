@@ -5,6 +5,7 @@ it reruns the cell instead of returning a cached pass."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,20 +45,28 @@ def _statuses(out: Path) -> list[str]:
     return [r["status"] for r in json.loads((out / "results.json").read_text())]
 
 
-def test_a_file_read_at_import_is_observed(tmp_path: Path) -> None:
-    suite = tmp_path / "suite"
-    (suite / "golden").mkdir(parents=True)
-    (suite / "golden" / "expected.txt").write_text("ok\n")
-    (suite / "test_golden.py").write_text(TEST)
-    (suite / "m.yaml").write_text(MATRIX)
+def _runs(suite: Path, tmp_path: Path) -> Callable[[str], tuple[int, list[str], str]]:
+    """``cpmatrix run`` of the suite's matrix into ``tmp_path/<name>``, one cache for all:
+    its exit code, the cells' statuses, and its output with the launchers' logs."""
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache-home")}
 
     def run(name: str) -> tuple[int, list[str], str]:
         out = tmp_path / name
         proc = run_cli("run", "--matrix", str(suite / "m.yaml"), "--out", str(out),
                        "--plain", env=env)
-        return proc.returncode, _statuses(out), proc.stdout[-3000:] + proc.stderr[-2000:]
+        log = "".join(p.read_text() for p in out.glob("worlds/*/torchrun.log"))
+        return proc.returncode, _statuses(out), proc.stdout[-3000:] + proc.stderr[-2000:] + log
 
+    return run
+
+
+def test_a_file_read_at_import_is_observed(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    (suite / "golden").mkdir(parents=True)
+    (suite / "golden" / "expected.txt").write_text("ok\n")
+    (suite / "test_golden.py").write_text(TEST)
+    (suite / "m.yaml").write_text(MATRIX)
+    run = _runs(suite, tmp_path)
     rc, statuses, text = run("first")
     assert (rc, statuses) == (0, ["passed"]), text
     rc, statuses, text = run("again")
@@ -107,15 +116,7 @@ def test_a_file_read_by_an_installed_module_imported_before_the_fork_is_observed
     data.write_text("ok\n")
     (suite / "test_golden.py").write_text(INSTALLED_TEST)
     (suite / "m.yaml").write_text(MATRIX_SITE)
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache-home")}
-
-    def run(name: str) -> tuple[int, list[str], str]:
-        out = tmp_path / name
-        proc = run_cli("run", "--matrix", str(suite / "m.yaml"), "--out", str(out),
-                       "--plain", env=env)
-        log = "".join(p.read_text() for p in out.glob("worlds/*/torchrun.log"))
-        return proc.returncode, _statuses(out), proc.stdout[-3000:] + proc.stderr[-2000:] + log
-
+    run = _runs(suite, tmp_path)
     rc, statuses, text = run("first")
     assert (rc, statuses) == (0, ["passed"]), text
     assert "imported 1 installed modules" in text or "imported 2 installed modules" in text

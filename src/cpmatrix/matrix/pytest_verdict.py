@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from cpmatrix.result import FailureKind, RankFailure, Result, Status
+from cpmatrix.result import STATE_CHECK, FailureKind, RankFailure, Result, Status
 
 __all__ = ["PHASES", "Fault", "PhaseVerdict", "RankPhase", "Verdict", "fault_of", "is_own",
            "judge", "ranks_text"]
@@ -46,8 +46,6 @@ PHASES: Final = ("setup", "call", "teardown")
 #: ``RankFailure.check`` of a test that failed in pytest's own terms (the rank's
 #: reports tell the story); any other check is cpmatrix's (a :class:`Fault`).
 PYTEST_CHECK: Final = "pytest"
-#: ``RankFailure.check`` of what a test left behind in its rank's process.
-STATE_CHECK: Final = "process_state"
 
 
 def is_own(failure: RankFailure) -> bool:

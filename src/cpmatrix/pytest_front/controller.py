@@ -51,8 +51,8 @@ class Controller:
     def __init__(self, config: Any, settings: FrontSettings, platform: Platform,
                  timeout_s: int, spare: Spare | None = None) -> None:
         self.config = config
-        #: The first world's launcher, started at configure (None: none); ended with
-        #: the session whether a world took it or not.
+        #: The first world's launcher, started at configure (None: none); the plugin
+        #: ends it with the session (a config cleanup) whether a world took it or not.
         self.spare = spare
         self.settings = settings
         self.platform = platform
@@ -88,10 +88,6 @@ class Controller:
         if tests:
             self._run_worlds(session, tests)
         return True
-
-    def pytest_unconfigure(self, config: Any) -> None:
-        if self.spare is not None:
-            self.spare.close()
 
     def _check_stop(self, session: Any) -> None:
         if session.shouldfail:

@@ -197,11 +197,7 @@ def _origin(name: str, path: Sequence[str] | None) -> str | None:
                 else importlib.util.find_spec(name))
     except (ImportError, ValueError):
         return None
-    if spec is None:
-        return None
-    if spec.origin in ("built-in", "frozen"):
-        return spec.origin
-    return spec.origin if spec.origin else None
+    return spec.origin or None if spec is not None else None
 
 
 def _parse(file: str) -> ast.Module | None:

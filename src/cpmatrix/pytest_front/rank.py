@@ -29,7 +29,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +127,15 @@ def before_fork(world: WorldSpec, installed: Callable[[str], bool]) -> list[str]
     if not cells:
         return []
     spec = PytestSession.from_json(str(cells[0].params["session"]))
-    root = Path(spec.rootdir)
-    files = dict.fromkeys(str(root / str(c.params["nodeid"]).split("::", 1)[0]) for c in cells)
+    files = _test_files(spec, (str(c.params["nodeid"]) for c in cells))
     return preload(files, spec.rootdir, [p for p in spec.sys_path if p], installed,
                    cwd=spec.dir, args=spec.args)
+
+
+def _test_files(spec: PytestSession, nodeids: Iterable[str]) -> list[str]:
+    """The files of ``nodeids``, once each, in order, as paths under the rootdir."""
+    root = Path(spec.rootdir)
+    return list(dict.fromkeys(str(root / n.split("::", 1)[0]) for n in nodeids))
 
 
 def prepare(world: WorldSpec, rank: int) -> None:
@@ -252,9 +257,8 @@ class _RankSession:
         session = pytest.Session.from_config(config)
         session.exitstatus = 0
         config.hook.pytest_sessionstart(session=session)
-        root = Path(self.spec.rootdir)
-        files = list(dict.fromkeys(str(root / n.split("::", 1)[0]) for n in self.by_cell.values()))
-        items = session.perform_collect(files, genitems=True)
+        items = session.perform_collect(_test_files(self.spec, self.by_cell.values()),
+                                        genitems=True)
         self.collect_errors = list(self.plugin.collect_errors)
         wanted = set(self.by_cell.values())
         self.items = {i.nodeid: i for i in items if i.nodeid in wanted}

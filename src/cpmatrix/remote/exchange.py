@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from cpmatrix.remote.protocol import ERROR, Outcome, PeerReport, report_key
+from cpmatrix.result import SHARED_CHECK, STATE_CHECK
 
 __all__ = ["blame_state", "exchange"]
 
@@ -38,13 +39,6 @@ def exchange(store: Any, index: int, rank: int, size: int, timeout_s: float,
     keys = [report_key(index, r) for r in range(size)]
     store.wait(keys, _dt.timedelta(seconds=timeout_s))
     return {r: PeerReport.decode(store.get(key)) for r, key in enumerate(keys)}
-
-
-#: The check of a cell that changed what cannot be restored (its ranks run no later
-#: cell), and of one that broke what the world shares (its groups, its collectives'
-#: pairing, stray processes: it is not reused, and the ranks go on).
-STATE_CHECK = "process_state"
-SHARED_CHECK = "process_shared"
 
 
 def blame_state(outcome: Outcome, problems: list[str], *, recycle: bool) -> Outcome:

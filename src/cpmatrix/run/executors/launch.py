@@ -49,8 +49,8 @@ class Adoptable(Protocol):
     def take(self, launch: Launch, runner: Runner, log: Path
              ) -> subprocess.Popen[bytes] | None: ...
 
-__all__ = ["TRAMPOLINE", "WORLD_TOKEN", "Child", "Progress", "free_port", "launcher_argv",
-           "physical_devices", "pid_state"]
+__all__ = ["FORKRUN", "TRAMPOLINE", "WORLD_TOKEN", "Child", "Progress", "free_port",
+           "launcher_argv", "physical_devices", "pid_state"]
 
 #: Starts the command with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
 #: the kernel kills the child (and each rank then dies with torchrun). argv: the expected
@@ -61,6 +61,10 @@ TRAMPOLINE = (
     "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
+
+
+#: The fork launcher's module (:mod:`cpmatrix.remote.forkrun`).
+FORKRUN = "cpmatrix.remote.forkrun"
 
 
 def free_port() -> int:
@@ -88,7 +92,7 @@ def launcher_argv(launcher: str, python: str, ranks: int, port: int,
     if launcher == "fork":
         record = (f"--root-cause-file={root_cause_file}",
                   f"--run-id={run_id}") if root_cause_file else ()
-        return (python, "-m", "cpmatrix.remote.forkrun", *common, *record,
+        return (python, "-m", FORKRUN, *common, *record,
                 "-m", "cpmatrix.remote.world_main", world_file)
     return (python, "-m", "torch.distributed.run", "--nnodes=1", *common,
             "--max-restarts=0", "--monitor-interval=0.1",

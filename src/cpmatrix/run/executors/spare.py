@@ -42,13 +42,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from cpmatrix.remote.procs import WORLD_TOKEN, kill_all, processes_with_token
+from cpmatrix.run.executors.launch import FORKRUN, TRAMPOLINE
 from cpmatrix.run.runners.base import Launch, Runner, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
 
-__all__ = ["FORKRUN", "Spare", "world_env"]
+__all__ = ["Spare", "world_env"]
 
-#: The fork launcher's module: a spare is adopted only by a world it launches.
-FORKRUN = "cpmatrix.remote.forkrun"
 #: What may differ between the spare's environment and its world's.
 _OWN = frozenset({"HOME", "TMPDIR", WORLD_TOKEN})
 
@@ -88,8 +87,6 @@ class Spare:
               platform_env: Iterable[tuple[str, str]],
               pythonpath: tuple[str, ...]) -> Spare:
         """Start a spare launcher with the environment a world of this run would get."""
-        from cpmatrix.run.executors.launch import TRAMPOLINE
-
         folder = Path(tempfile.mkdtemp(prefix="cpmatrix-spare-"))
         (folder / "home").mkdir()
         (folder / "tmp").mkdir()
