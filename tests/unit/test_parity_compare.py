@@ -12,12 +12,12 @@ from torch.distributed.tensor import Shard
 from cpmatrix.parity import Diff, ParityError, compare_named, format_diffs, tolerance_for
 from cpmatrix.parity.compare import (
     POOL_BELOW,
-    flatten,
     pooled_noise,
     ratio_hint,
     twin_verdict,
     uniform_ratio,
 )
+from cpmatrix.parity.trees import flatten
 from fake_mesh import FakeDTensor
 
 FP64 = tolerance_for("fp64")

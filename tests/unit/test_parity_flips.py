@@ -461,3 +461,80 @@ def test_resolution_line_reads_the_budget_exactly_and_keeps_its_head_below_resol
     assert below.endswith("(a 10% bug on it is within its rounding noise)")
     empty = torch.zeros(0, dtype=D)
     assert second_noise(empty, empty, empty.bool()) == (0.0, 0.0)
+
+
+FP32 = tolerance_for("fp32")
+FP32_RULE = FP32.twin
+assert FP32_RULE is not None
+
+
+def _one_cancelling_element(eps: float) -> tuple[torch.Tensor, ...]:
+    """(twin, serial, cp, move): 16 elements up to 0.026, element 5 a sum that cancels to
+    4.2e-5 from terms at the tensor's scale (the suite's fp32 train_step, rep 13: a
+    pair-attention bias grad). The serial side's one draw there is 2.7 ulps of the scale,
+    the correct CP side's 20; the probes move it 19.7 (measured)."""
+    g = torch.Generator().manual_seed(13)
+    twin = (torch.rand(16, generator=g, dtype=D) - 0.5) * 0.04
+    twin[0], twin[5] = 0.026, 4.2e-5
+    ulp = eps * 0.026
+    serial, cp, move = twin.clone(), twin.clone(), torch.full_like(twin, 0.5 * ulp)
+    serial[5] += 2.7 * ulp
+    cp[5] += 20 * ulp
+    move[5] = 19.7 * ulp
+    return twin, serial, cp, move
+
+
+def test_in_fp32_the_probes_move_counts_as_a_draw_of_the_serial_noise() -> None:
+    twin, serial, cp, move = _one_cancelling_element(2**-23)
+    _, bad, *_ = judge(cp, serial, twin, FP32_RULE)
+    assert bad.tolist() == [i == 5 for i in range(16)]  # one lucky serial draw: fails
+    probes = (twin + move, twin - move, twin - move, twin + move)
+    _, bad, _, serial_err, budget, _ = judge(cp, serial, twin, FP32_RULE, probes=probes)
+    assert not bad.any()
+    assert serial_err == pytest.approx(2.7 * 2**-23 * 0.026)  # the evidence: its own draw
+    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * 2**-23 * 0.026,
+                                                    scale=0.026))
+    # a 10% bug on the largest element is still far outside
+    buggy = cp.clone()
+    buggy[0] *= 1.1
+    _, bad, *_ = judge(buggy, serial, twin, FP32_RULE, probes=probes)
+    assert bad.tolist() == [i == 0 for i in range(16)]
+
+
+def test_in_bf16_the_probes_move_is_no_draw_of_the_serial_noise() -> None:
+    # 2 to 6 times the rounding there: it would put a 10% bug on a tiny tensor in budget
+    twin, serial, cp, move = _one_cancelling_element(2**-7)
+    probes = (twin + move, twin - move, twin - move, twin + move)
+    _, bad, *_ = judge(cp, serial, twin, RULE, probes=probes)
+    assert bad.tolist() == [i == 5 for i in range(16)]
+
+
+def test_the_probes_move_counts_over_stable_elements_and_as_a_norm_where_cancelling() -> None:
+    twin, serial, cp, move = _one_cancelling_element(2**-23)
+    # a one-sided jump (a flip) on element 9 is no first-order move of the rest
+    probes = (twin + move, twin - move, twin - move, twin + move)
+    flipped = (probes[0].clone(), *probes[1:])
+    flipped[0][9] += 0.01
+    _, _, _, _, budget, flips = judge(cp, serial, twin, FP32_RULE, probes=flipped)
+    assert flips is not None and flips.unstable == 1
+    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * 2**-23 * 0.026,
+                                                    scale=0.026))
+    # a tensor that is rounding noise throughout: the norms, the probes' norm among them
+    twin = torch.full((32,), 1e-3, dtype=D)
+    serial, cp = twin + 1e-3, twin + 8e-3
+    move = torch.full_like(twin, 3e-3)
+    name, bad, _, serial_norm, _, _ = judge(cp, serial, twin, FP32_RULE,
+                                            probes=(twin + move, twin - move))
+    assert name == "twin-norm" and not bad.any()
+    assert serial_norm == pytest.approx(3e-3 * 32**0.5)
+
+
+def test_compare_named_names_the_probes_move_where_it_counted() -> None:
+    twin, serial, cp, move = _one_cancelling_element(2**-23)
+    probed = Probed(twin, (twin + move, twin - move))
+    [d] = compare_named({"w": (cp.float(), serial.float(), probed)}, FP32)
+    assert d.ok, d.line()
+    assert d.probe_err == pytest.approx(19.7 * 2**-23 * 0.026, rel=1e-6)
+    assert d.line().endswith("(serial's own 8.37e-09, the probes' move 6.11e-08)")
+    [d] = compare_named({"w": (cp.bfloat16(), serial.bfloat16(), probed)}, BF16)
+    assert d.probe_err is None and "probes' move" not in d.line()

@@ -17,7 +17,8 @@ from torch import nn
 
 from cpmatrix.parity._second import _chunks, attach, needs_second, second_sample
 from cpmatrix.parity._twin import Twin, make_twin, upcast_inputs
-from cpmatrix.parity.compare import Probed, flatten
+from cpmatrix.parity.compare import Probed
+from cpmatrix.parity.trees import flatten
 
 
 class _Counting(nn.Linear):

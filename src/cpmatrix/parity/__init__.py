@@ -38,7 +38,7 @@ from cpmatrix.parity.checks import (
     assert_sharding_active,
     perturb_degenerate_,
 )
-from cpmatrix.parity.compare import Diff, compare_named, format_diffs, to_full
+from cpmatrix.parity.compare import Diff, compare_named, format_diffs
 from cpmatrix.parity.data import (
     FEATURES,
     FeatureBatch,
@@ -83,6 +83,7 @@ from cpmatrix.parity.tolerance import (
     table_markdown,
     tolerance_for,
 )
+from cpmatrix.parity.trees import to_full
 
 __all__ = [
     "CHECKS",

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from cpmatrix.parity.compare import flatten, to_full
 from cpmatrix.parity.data import FeatureBatch, distribute
 from cpmatrix.parity.dtypes import storage_dtype
 from cpmatrix.parity.errors import Check, ParityError
+from cpmatrix.parity.trees import flatten, to_full
 from cpmatrix.parity.verdict import is_dtensor
 
 __all__ = [

@@ -60,10 +60,11 @@ from cpmatrix.parity.checks import (
     grad_problems,
     replicated_problems,
 )
-from cpmatrix.parity.compare import compare_named, flatten, to_full
+from cpmatrix.parity.compare import compare_named
 from cpmatrix.parity.dtypes import autocast_ctx
 from cpmatrix.parity.errors import Check, ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance
+from cpmatrix.parity.trees import flatten, to_full
 
 __all__ = ["OptimizerFactory", "run_training"]
 

@@ -34,9 +34,10 @@ import torch
 
 from cpmatrix.parity._convert import convert_module
 from cpmatrix.parity._inputs import rebuild
-from cpmatrix.parity.compare import Probed, flatten
+from cpmatrix.parity.compare import Probed
 from cpmatrix.parity.dtypes import twin_running
 from cpmatrix.parity.flips import PROBE_ULPS
+from cpmatrix.parity.trees import flatten
 
 __all__ = [
     "PROBE_SEED",
@@ -200,7 +201,7 @@ def upcast_inputs(
 
 
 def outputs_of(value: Any) -> dict[str, Any]:
-    """The twin's outputs by the names :func:`~cpmatrix.parity.compare.flatten` gives."""
+    """The twin's outputs by the names :func:`~cpmatrix.parity.trees.flatten` gives."""
     return dict(flatten(value))
 
 

@@ -225,9 +225,12 @@ def emit(
             or "nothing compared")
         if twin_judged:
             worst = max(twin_judged, key=lambda d: d.twin_err / d.budget if d.budget else 0.0)
+            drawn = "".join(f", {what} {value:.3g}" for what, value in (
+                ("a second serial sample's", worst.second_err),
+                ("the probes' move", worst.probe_err)) if value is not None)
             rec(f"{label}.twin_worst", f"{worst.name}: |cp - twin| {worst.twin_err:.3g} of "
                                        f"budget {worst.budget:.3g} (serial's own "
-                                       f"{worst.serial_err:.3g})")
+                                       f"{worst.serial_err:.3g}{drawn})")
         # what a tiny tensor's budget lets through, and where a 10% bug cannot fail
         tiny = [resolution_line(d.name, d.budget, d.scale) for d in twin_judged
                 if d.numel < POOL_BELOW and d.rule in ("twin", "twin-pooled")]

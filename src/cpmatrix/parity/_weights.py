@@ -12,9 +12,9 @@ import torch
 
 from cpmatrix.parity._convert import convert_module
 from cpmatrix.parity.checks import CheckOutcome, perturb_degenerate_
-from cpmatrix.parity.compare import to_full
 from cpmatrix.parity.dtypes import storage_dtype
 from cpmatrix.parity.errors import Check, ParityError
+from cpmatrix.parity.trees import to_full
 from cpmatrix.parity.verdict import is_dtensor
 
 __all__ = [

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cpmatrix.parity.compare import to_full
 from cpmatrix.parity.errors import ReplicationError, VacuousError, odd_input_fails
+from cpmatrix.parity.trees import to_full
 from cpmatrix.parity.verdict import (
     CheckOutcome,
     grad_verdict,

@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,17 +34,20 @@ import torch
 
 from cpmatrix.parity.errors import odd_input_fails
 from cpmatrix.parity.flips import (
+    PROBE_NOISE,
     Flips,
     Probed,
     Probes,
     allowed_flips,
     flip_verdict,
+    probe_noise,
     probes_of,
     second_noise,
     second_of,
     unstable_mask,
 )
 from cpmatrix.parity.tolerance import Tolerance, TwinRule
+from cpmatrix.parity.trees import to_full
 
 __all__ = [
     "POOL_BELOW",
@@ -54,12 +56,10 @@ __all__ = [
     "Probed",
     "allowed_flips",
     "compare_named",
-    "flatten",
     "format_diffs",
     "judge",
     "pooled_noise",
     "ratio_hint",
-    "to_full",
     "twin_verdict",
     "uniform_ratio",
     "unstable_mask",
@@ -70,40 +70,6 @@ __all__ = [
 #: land far below the typical error (measured: 1.8e-5 where the noise is ~1e-3), so its
 #: noise estimate is at least its check's pooled one (:func:`pooled_noise`).
 POOL_BELOW = 16
-
-def to_full(value: Any) -> Any:
-    """A DTensor's global value (``full_tensor()``, which also reduces ``Partial``); else as is.
-
-    ``to_local()`` would be only this rank's piece (or, for a ``Partial`` grad, only this
-    rank's contribution), which is exactly the mistake a parity test must not make.
-    """
-    full_tensor = getattr(value, "full_tensor", None)
-    if callable(full_tensor):
-        return full_tensor()
-    return value
-
-
-def flatten(value: Any, prefix: str = "out") -> Iterator[tuple[str, Any]]:
-    """Leaves of nested tuples/lists/dicts/dataclasses with dotted names: ``out``,
-    ``out.0``, ``out.key``, ``out.field``.
-
-    Example::
-
-        >>> [name for name, _ in flatten({"a": 1, "b": (2, 3)})]
-        ['out.a', 'out.b.0', 'out.b.1']
-    """
-    if isinstance(value, Mapping):
-        for key in value:
-            yield from flatten(value[key], f"{prefix}.{key}")
-    elif isinstance(value, tuple | list):
-        for i, item in enumerate(value):
-            yield from flatten(item, f"{prefix}.{i}")
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from flatten(getattr(value, f.name), f"{prefix}.{f.name}")
-    else:
-        yield prefix, value
-
 
 @dataclass(frozen=True, slots=True)
 class Diff:
@@ -136,6 +102,8 @@ class Diff:
     #: max |second - twin| of the serial side's second sample where it counted, else None.
     second_err: float | None = None
     scale: float = 0.0
+    #: The probes' first-order move where it counted (:data:`PROBE_NOISE`), else None.
+    probe_err: float | None = None
 
     def line(self) -> str:
         text = (
@@ -147,6 +115,8 @@ class Diff:
             pooled = ", noise pooled over the check" if self.rule == "twin-pooled" else ""
             if self.second_err is not None:
                 pooled += f", a second serial sample's {self.second_err:.3g}"
+            if self.probe_err is not None:
+                pooled += f", the probes' move {self.probe_err:.3g}"
             text += (f"; {what} {self.twin_err:.3g} vs budget {self.budget:.3g} "
                      f"(serial's own {self.serial_err:.3g}{pooled})")
         if self.flips is not None and self.flips.unstable:
@@ -173,6 +143,7 @@ def _diff(
     rule, twin_err, serial_err, budget, scale = "table", 0.0, 0.0, 0.0, 0.0
     flips: Flips | None = None
     second: float | None = None
+    probe: float | None = None
     if _exact(a) and _exact(e):
         # integers and bools: exact, in their own dtype (int64 beyond 2**53 has no float64
         # twin), as assert_close does for them; the evidence (max abs/rel) in float64
@@ -191,13 +162,15 @@ def _diff(
         abs_diff = torch.where(equal, 0.0, (a - e).abs())
         twin_t = _twin_of(twin, e)
         if tol.twin is not None and twin_t is not None:
-            sample = second_of(twin, e)
-            judged = judge(a, e, twin_t, tol.twin, pooled=pooled, probes=probes_of(twin, e),
+            sample, probes = second_of(twin, e), probes_of(twin, e)
+            judged = judge(a, e, twin_t, tol.twin, pooled=pooled, probes=probes,
                            second=sample)
             rule, bad_mask, twin_err, serial_err, budget, flips = judged
             usable, _, _, scale = _noise(e, twin_t)
             if sample is not None and (numel < POOL_BELOW or rule == "twin-norm"):
                 second = second_noise(sample, twin_t, usable)[0]
+            if probes is not None and tol.twin.precision in PROBE_NOISE:
+                probe = probe_noise(probes, twin_t, usable)[0]
         else:
             bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
     nonzero = e != 0
@@ -205,7 +178,8 @@ def _diff(
     bad = int(bad_mask.sum())
     ratio = uniform_ratio(a, e) if bad and not _exact(a) else None
     return Diff(name, bad == 0 and not note, _worst(abs_diff), _worst(rel) if rel.numel() else 0.0,
-                bad, numel, note, rule, twin_err, serial_err, budget, ratio, flips, second, scale)
+                bad, numel, note, rule, twin_err, serial_err, budget, ratio, flips, second, scale,
+                probe)
 
 
 def _twin_of(twin: Any, expected: torch.Tensor) -> torch.Tensor | None:
@@ -308,7 +282,8 @@ def judge(
     """:func:`twin_verdict`, with the flips' verdict (:class:`Flips`; None without probes)
     as a sixth value. The ``second`` serial sample's noise (:func:`second_noise`) counts
     in a tensor of fewer than :data:`POOL_BELOW` elements or a cancelling one
-    (``twin-norm``): docs/parity.md, "Tiny tensors"."""
+    (``twin-norm``): docs/parity.md, "Tiny tensors"; the probes' first-order move
+    (:func:`probe_noise`) in every tensor of a :data:`PROBE_NOISE` precision."""
     equal = cp == serial
     usable, _, _, scale = _noise(serial, twin)
     floor = rule.floor(scale)
@@ -320,9 +295,11 @@ def judge(
     cp_abs = torch.where(torch.isfinite(cp) & usable, (cp - twin).abs(), math.inf)
     cp_abs = torch.where(equal, 0.0, cp_abs)
     second_max, second_norm = second_noise(second, twin, stable)
+    probe_max, probe_norm = probe_noise(probes if rule.precision in PROBE_NOISE else None,
+                                        twin, stable)
     if serial_err >= 0.5 * scale and bool(stable.any()):
         n = int(stable.sum())
-        serial_norm = max(float(torch.linalg.vector_norm(serial_abs)), second_norm)
+        serial_norm = max(float(torch.linalg.vector_norm(serial_abs)), second_norm, probe_norm)
         cp_norm = float(torch.linalg.vector_norm(torch.where(stable, cp_abs, 0.0)))
         budget = rule.factor * serial_norm + floor * math.sqrt(n)
         # the stable elements by their norms; the unstable ones as flips
@@ -333,7 +310,7 @@ def judge(
         return "twin-norm", bad & ~equal, cp_norm, serial_norm, budget, flips
     tiny = cp.numel() < POOL_BELOW
     estimate = pooled * scale if tiny else 0.0
-    own = max(serial_err, second_max) if tiny else serial_err
+    own = max(serial_err, second_max if tiny else 0.0, probe_max)
     if probes is not None:
         # a step check (the twin probed): the tensor's own noise times the factor, plus
         # one typical draw of its check's noise (docs/parity.md, "Tensors of one or a few

@@ -34,12 +34,14 @@ import torch
 __all__ = [
     "BUG_SIZE",
     "NAMED_FLIPS",
+    "PROBE_NOISE",
     "PROBE_ULPS",
     "Flips",
     "Probed",
     "Probes",
     "allowed_flips",
     "flip_verdict",
+    "probe_noise",
     "probes_of",
     "resolution_line",
     "second_noise",
@@ -54,6 +56,16 @@ __all__ = [
 #: rounding flips is flipped by a probe too (measured: docs/parity.md, "Discrete
 #: decisions").
 PROBE_ULPS = 2.0
+
+#: The precisions in which the probes' first-order move counts as one more draw of the
+#: serial side's noise (:func:`probe_noise`): where the cell computes in one precision
+#: throughout, a probe's step at every module's output is the rounding of a few ops at the
+#: terms' scale, which one serial draw of a cancelling sum can miss (measured: fp32, a
+#: 16-element grad whose serial draw was 2.7 ulps where the CP side's was 20 and the probes
+#: moved it 19.7). In bf16/fp16 (and under autocast, whose reductions run in fp32) the same
+#: move is 2 to 6 times the rounding, and counting it would put a 10% bug on a tiny tensor
+#: within budget: there the second sample decides (docs/parity.md, "The probes' move").
+PROBE_NOISE = frozenset({"fp32"})
 
 #: At most this many flipped elements are named in the evidence (the count is always given).
 NAMED_FLIPS = 5
@@ -162,6 +174,28 @@ def second_noise(second: torch.Tensor | None, twin: torch.Tensor,
     if not err.numel():
         return 0.0, 0.0
     return float(err.max()), float(torch.linalg.vector_norm(err))
+
+
+def probe_noise(probes: Probes | None, twin: torch.Tensor,
+                stable: torch.Tensor) -> tuple[float, float]:
+    """The probes' first-order move over the ``stable`` elements, ``|plus - minus| / 2``
+    (the part that changes sign with the step: a smooth value's response, with the
+    second-order part and a flip's one-sided jump left out), for the pair that moves most:
+    ``(max, 2-norm)``; ``(0.0, 0.0)`` without probes. A move that is not finite counts as
+    none.
+
+    >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
+    >>> d = torch.tensor([0.25, -0.5, 8.0], dtype=torch.float64)
+    >>> probe_noise((t + d, t - d), t, torch.tensor([True, True, False]))
+    (0.5, 0.5590169943749475)
+    """
+    best = (0.0, 0.0)
+    for plus, minus in zip((probes or ())[0::2], (probes or ())[1::2], strict=True):
+        move = (plus - minus).abs() / 2
+        move = torch.where(stable & move.isfinite(), move, 0.0)
+        if move.numel():
+            best = max(best, (float(move.max()), float(torch.linalg.vector_norm(move))))
+    return best
 
 
 def resolution_line(name: str, budget: float, scale: float) -> str:

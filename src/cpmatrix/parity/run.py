@@ -87,10 +87,11 @@ from cpmatrix.parity.checks import (
     is_dtensor,
     replicated_problems,
 )
-from cpmatrix.parity.compare import compare_named, flatten
+from cpmatrix.parity.compare import compare_named
 from cpmatrix.parity.dtypes import autocast_ctx
 from cpmatrix.parity.errors import Check, ParityError, odd_input_fails
 from cpmatrix.parity.tolerance import Tolerance, resolve_tolerance
+from cpmatrix.parity.trees import flatten
 
 __all__ = ["ParityReport", "check_parity"]
 
