@@ -54,7 +54,7 @@ def test_correct_training_cells_pass_and_every_tiny_bias_bug_is_killed_at_step_0
 
 def test_step_0_takes_the_second_sample_where_the_cp_side_shards_the_rows(run: Run) -> None:
     # 2x2: rows over cp0 (2 pieces): step 0's tiny bias judged with a second sample; its
-    # grad resolves a 10% bug (the first fc2.bias of the resolution line: the step-0 grad)
+    # grad resolves a 10% bug (the resolution line's `param_grad fc2.bias`)
     for cell in (
         "2x2,bf16,autocast=on,reference,d_out=1]",
         "2x2,bf16,autocast=off,reference,d_out=3]",
@@ -63,7 +63,8 @@ def test_step_0_takes_the_second_sample_where_the_cp_side_shards_the_rows(run: R
         assert ev["parity.second_sample"].startswith("step 0: a second serial sample"), ev
         assert "rows split into 2 interleaved chunks" in ev["parity.second_sample"], ev
         first = ev["parity.resolution"].split("; ")[0]
-        assert first.startswith("fc2.bias: ") and "BELOW RESOLUTION" not in first, first
+        assert first.startswith("param_grad fc2.bias: "), first  # step 0's grad, named so
+        assert "BELOW RESOLUTION" not in first, first
         # the killed bug's failure line says the sample judged the bias (not the pooled
         # rule alone): "(serial's own 0.00146, ..., a second serial sample's 0.00684)"
         killed = run.cell("relu_mlp_train[", "bias_grad_10pct", having=cell)

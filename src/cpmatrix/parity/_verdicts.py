@@ -91,6 +91,9 @@ class Verdicts:
     lines: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     diffs: list[Diff] = field(default_factory=list)
+    #: The check that compared each of ``diffs``, in the same order: a parameter's name is
+    #: both a grad and a weight delta in a training check, the evidence says which.
+    checks_of: list[str] = field(default_factory=list)
     #: Extra evidence (``<label>.<key>``), e.g. which values were sharded over which axes.
     evidence: dict[str, Any] = field(default_factory=dict)
     #: The mesh's axis sizes by name: a uniform CP/serial ratio is named against them.
@@ -105,6 +108,7 @@ class Verdicts:
 
     def add_diffs(self, check: str, diffs: list[Diff], tol: Tolerance) -> None:
         self.diffs.extend(diffs)
+        self.checks_of.extend(check for _ in diffs)
         bad = [d for d in diffs if not d.ok]
         if bad:
             self.problems.setdefault(check, []).append(
@@ -232,8 +236,9 @@ def emit(
                                        f"budget {worst.budget:.3g} (serial's own "
                                        f"{worst.serial_err:.3g}{drawn})")
         # what a tiny tensor's budget lets through, and where a 10% bug cannot fail
-        tiny = [resolution_line(d.name, d.budget, d.scale) for d in twin_judged
-                if d.numel < POOL_BELOW and d.rule in ("twin", "twin-pooled")]
+        tiny = [resolution_line(f"{check} {d.name}", d.budget, d.scale)
+                for check, d in zip(verdicts.checks_of, verdicts.diffs, strict=True)
+                if 0 < d.numel < POOL_BELOW and d.rule in ("twin", "twin-pooled")]
         if tiny:
             rec(f"{label}.resolution", "; ".join(tiny))
     for key, value in {**verdicts.evidence, **extra}.items():
