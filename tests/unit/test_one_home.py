@@ -152,13 +152,20 @@ def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
 
 
 #: Who may call what puts a run together: run/assembly.py's assemble() is the one path of
-#: every front (run, repro, the pytest plugin), and the context is made once, whole.
+#: every front (run, repro, the pytest plugin), the context and what is known of the cells
+#: made once, whole; a folder's recorded history is read once, by sharding.Recorded, and
+#: handed down (the report's merge and HTML read the history a run wrote).
 ASSEMBLY = {"prepare_run": {"run/assembly.py"}, "run_cells": {"run/assembly.py"},
-            "make_context": {"run/assembly.py"}, "RunContext": {"run/setup.py"}}
+            "make_context": {"run/assembly.py"}, "RunContext": {"run/setup.py"},
+            "Known": {"run/assembly.py", "run/session.py"},
+            "load_run_history": {"run/sharding.py", "report/merge.py", "report/html.py"}}
+#: What assemble() made is not changed after it: no ``replace`` of these.
+MADE_ONCE = ("context", "ctx", "known")
 
 
 def _calls(source: str, homes: dict[str, set[str]], rel: str) -> list[str]:
-    """Calls of ``homes``' names outside their homes, and ``replace(...)`` of a context."""
+    """Calls of ``homes``' names outside their homes, and ``replace(...)`` of what the
+    assembly made (:data:`MADE_ONCE`)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Call):
@@ -168,7 +175,7 @@ def _calls(source: str, homes: dict[str, set[str]], rel: str) -> list[str]:
         if rel not in homes.get(name, {rel}):
             found.append(f"{rel}:{node.lineno}: {name}(...)")
         elif name == "replace" and node.args and ast.unparse(node.args[0]).split(".")[-1] \
-                in ("context", "ctx"):
+                in MADE_ONCE:
             found.append(f"{rel}:{node.lineno}: replace({ast.unparse(node.args[0])}, ...)")
     return found
 
@@ -183,9 +190,14 @@ def test_the_assembly_scan_sees_a_second_path() -> None:
     planted = ("def execute_again(options, matrix, cells, claim, context):\n"
                "    prepared = prepare_run(options, matrix, cells, claim)\n"
                "    context = replace(context, pack=None)\n"
-               "    return run_cells(prepared.cells, {}, context)\n")
+               "    return run_cells(prepared.cells, {}, context)\n"
+               "def repro_again(run, out):\n"
+               "    history = load_run_history(out)\n"
+               "    return replace(run, known=replace(run.known, skipped=()))\n")
     assert _calls(planted, ASSEMBLY, "cli/run.py") == [
         "cli/run.py:2: prepare_run(...)", "cli/run.py:3: replace(context, ...)",
-        "cli/run.py:4: run_cells(...)"]
+        "cli/run.py:4: run_cells(...)", "cli/run.py:6: load_run_history(...)",
+        "cli/run.py:7: replace(run.known, ...)"]
     assert _calls(planted, ASSEMBLY, "run/assembly.py") == [
-        "run/assembly.py:3: replace(context, ...)"]
+        "run/assembly.py:3: replace(context, ...)", "run/assembly.py:6: load_run_history(...)",
+        "run/assembly.py:7: replace(run.known, ...)"]

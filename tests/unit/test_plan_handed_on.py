@@ -8,6 +8,7 @@ The packer is counted: a job that packs its planned cells again fails the test.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,24 @@ def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int])
     again = WorldRun("001-w", entries, PLATFORM, context)
     assert packed == [3, 3, 3]
     assert again.entries[0].cell.world_size == 4  # widest first
+
+
+def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
+    """``--keep-order`` (matrix order, one cell at a time, to bisect a state leak) is said
+    once, by the run's pack (``setup.pack_spec``: ``serial``), and the plan follows it."""
+    from cpmatrix.run.executors import plan_all
+    from cpmatrix.run.options import RunOptions
+    from cpmatrix.run.schedulers import scheduler_for
+    from cpmatrix.run.setup import pack_spec
+
+    options = RunOptions(keep_order=True)
+    spec = pack_spec(options, [PLATFORM], devices=0, scheduler=scheduler_for(options))
+    assert spec.serial
+    plans = plan_all(CELLS, options.planning, durations=DURATIONS, worlds=1, pack=spec)
+    batches = [b for _, bs in plans for b in bs]
+    assert sum(len(b.cells) for b in batches) == len(CELLS)
+    # One cell at a time: no two slots of a batch overlap in time.
+    for b in batches:
+        assert b.packing is not None
+        spans = sorted((s.start, s.end) for s in b.packing.slots)
+        assert all(one[1] <= two[0] for one, two in pairwise(spans)), spans

@@ -97,7 +97,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 class LogStreamer(threading.Thread):
-    """Copies every rank's log (and torchrun's) to ``stream`` as it grows."""
+    """Copies every rank's log (and the launcher's) to ``stream`` as it grows."""
 
     def __init__(self, worlds_dir: Path, stream: TextIO) -> None:
         super().__init__(daemon=True)

@@ -60,7 +60,7 @@ AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
 #: The case every ``pytest`` cell runs: the pytest front's in-rank runner.
 PYTEST_CASE: Final = "cpmatrix.pytest_front.rank:case"
-#: What a target runs as. ``parity`` and ``property`` cases run in torchrun worlds;
+#: What a target runs as. ``parity`` and ``property`` cases run in worlds of ranks;
 #: ``pytest`` targets' collected tests too, each rank in a pytest session (docs/pytest.md).
 KINDS: Final = ("parity", "property", "spill", "pytest")
 #: The standard axes, in the order they appear in a cell id.

@@ -6,7 +6,7 @@ Compared right after backward, each rank's count is a partial one, and the seria
 is the sum. Declaring the buffer ``Partial`` over that axis makes the toolkit reduce a copy
 of it over the axis (``all_reduce`` with the placement's op: sum, avg, max, min) before
 comparing; the module's own buffer is left as it is. A buffer not declared is compared as
-it is, as before.
+it is.
 
 Private: cases use :mod:`cpmatrix.parity`'s public names only (``check_parity``'s
 ``buffers=`` argument).

@@ -2,8 +2,8 @@
 
 Three mechanisms, each covering what the others miss:
 
-- **parent-death signal** (``PR_SET_PDEATHSIG``): torchrun gets SIGKILL when cpmatrix
-  dies, and each rank when torchrun dies, even when cpmatrix is SIGKILLed itself.
+- **parent-death signal** (``PR_SET_PDEATHSIG``): the launcher gets SIGKILL when
+  cpmatrix dies, and each rank when the launcher dies, even when cpmatrix is SIGKILLed itself.
 - **child subreaper** (``PR_SET_CHILD_SUBREAPER``): a process a case started and then
   abandoned (a double fork, a daemon in its own session) is re-parented to the nearest
   subreaper - the rank while it lives, else cpmatrix - instead of to init, so it stays

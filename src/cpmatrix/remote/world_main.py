@@ -122,7 +122,7 @@ def _fix_sys_path(pythonpath: list[str]) -> None:
 
 
 def _guard_parent(supervisor_pid: int) -> None:
-    """Die with torchrun: SIGKILL when the parent exits, and exit now if it already has
+    """Die with the launcher: SIGKILL when the parent exits, and exit now if it already has
     (re-parented to init or to the supervisor, a subreaper)."""
     set_parent_death_signal()
     if os.getppid() in (1, supervisor_pid):

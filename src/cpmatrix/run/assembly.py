@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cpmatrix.matrix.schema import Cell, Matrix
@@ -49,6 +49,12 @@ class Front:
     #: A launcher started before the plan, for the first world that fits (the pytest
     #: front's, started while it collects: :mod:`cpmatrix.run.executors.spare`).
     spare: Spare | None = None
+    #: ``repro --mutant``: the one cell's runs, unmutated first (a mutant is judged only
+    #: against a green cell); None: the matrix's own mutants (``--mutants``) or none.
+    mutants: Mapping[str, Sequence[str]] | None = None
+    #: The cells this host cannot run are reported ``skipped`` (``repro`` says them
+    #: before the run instead, and reports none).
+    report_skipped: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: 
              order: str = "") -> Assembled:
     """The one way every front's run is put together: prepare (devices, runner, sources,
     cache: :func:`~cpmatrix.run.setup.prepare_run`), pack, schedule, and the
-    :class:`RunContext` made once from all of it."""
+    :class:`RunContext` made once from all of it, and what is known of the cells
+    (:class:`~cpmatrix.run.session.Known`) once: nothing is changed after."""
     prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
                            selection=selection, order=order, scheduler=scheduler)
     # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
@@ -92,6 +99,8 @@ def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: 
                            sources=prepared.sources, order=order, pack=pack,
                            durations=recorded.planning(pack), repro=front.repro,
                            spare=front.spare)
-    known = Known(cached=prepared.cached, store=prepared.store, mutants=prepared.mutants,
-                  skipped=prepared.skipped, recorded=recorded.merged())
+    known = Known(cached=prepared.cached, store=prepared.store,
+                  mutants=prepared.mutants if front.mutants is None else front.mutants,
+                  skipped=prepared.skipped if front.report_skipped else (),
+                  recorded=recorded.merged())
     return Assembled(prepared=prepared, context=context, pool=pool, known=known, note=note)

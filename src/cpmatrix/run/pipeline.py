@@ -207,6 +207,18 @@ RUN_STAGES: Final[tuple[Callable[[_Run], _Run | int], ...]] = (
 
 
 @contextmanager
+def _assembled(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], front: Front
+               ) -> Iterator[Assembled]:
+    """A run of exactly ``cells`` (``repro``, the pytest front: no stage list, no shard,
+    no order), put together by :func:`assemble` while ``--out`` is claimed; the scheduler
+    is picked before the claim, as :func:`execute` does."""
+    scheduler = scheduler_for(options)
+    with _claimed(options) as claim:
+        yield assemble(options, matrix, cells, claim, scheduler,
+                       Recorded(options, claim.path), front)
+
+
+@contextmanager
 def _claimed(options: RunOptions) -> Iterator[OutClaim]:
     """``--out`` claimed for this run (:func:`cpmatrix.run.outdir.claim_out`) while it
     runs; released after, whatever happened."""
@@ -387,11 +399,11 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
     """Rerun exactly ``cells`` (one cell with ``mutant``: then once with it switched on),
     with the setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never
     cached, in one world here."""
-    scheduler = scheduler_for(options)
-    with _claimed(options) as claim:
-        # One world, here, whatever the options' scheduler: repro reruns its cells.
-        run = assemble(options, matrix, cells, claim, scheduler,
-                       Recorded(options, claim.path), Front(scheduled=False))
+    # One world, here, whatever the options' scheduler: repro reruns its cells; the
+    # cells it cannot run are said below, not reported.
+    front = Front(scheduled=False, report_skipped=False,
+                  mutants={cells[0].id: ["", mutant]} if mutant else None)
+    with _assembled(options, matrix, cells, front) as run:
         prepared = run.prepared
         for cell, why in prepared.skipped:
             hooks.warn(f"{cell.id}: cannot run here: {why}")
@@ -399,11 +411,7 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
             return Reproduced(report=None, code=ExitCode.USAGE)
         hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
         hooks.ready(prepared.runner.name)
-        # the unmutated cell first: a mutant is judged only against a green cell;
-        # the cells it cannot run were said above, not reported
-        mutants = {cells[0].id: ["", mutant]} if mutant else None
-        run = replace(run, known=replace(run.known, mutants=mutants, skipped=()))
-        with hooks.watching(claim.path), stop_on_signals() as stopper:
+        with hooks.watching(prepared.out), stop_on_signals() as stopper:
             report = run.run(options, Watch(stopper=stopper))
     if report.stopped_by is not None:
         return Reproduced(report=report, code=exit_code_for(report.stopped_by))
@@ -421,13 +429,10 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     no summary: pytest reports). A result being reported is reported whole: Ctrl-C
     meanwhile waits for it, then stops the run. ``spare``: a launcher started while the
     plugin collected, for the first world that fits."""
-    scheduler = scheduler_for(options)  # before --out is claimed, as a run does
-    with _claimed(options) as claim:
-        run = assemble(options, matrix, cells, claim, scheduler,
-                       Recorded(options, claim.path), Front(weighed=False, spare=spare))
-        with stop_on_signals() as stopper:
-            return run.run(options, Watch(on_result=_whole(stopper, on_result),
-                                          on_start=on_start, stopper=stopper))
+    with _assembled(options, matrix, cells, Front(weighed=False, spare=spare)) as run, \
+            stop_on_signals() as stopper:
+        return run.run(options, Watch(on_result=_whole(stopper, on_result),
+                                      on_start=on_start, stopper=stopper))
 
 
 def _whole(stopper: Stopper, on_result: Callable[[Entry, Result], None]

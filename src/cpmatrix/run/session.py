@@ -37,7 +37,7 @@ from cpmatrix.remote.procs import (
     reap_orphans,
     set_child_subreaper,
 )
-from cpmatrix.report.history import CellHistory, load_run_history, save_run_history, with_runs
+from cpmatrix.report.history import CellHistory, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
@@ -102,10 +102,11 @@ class Known:
     #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
     #: visible, see :func:`cpmatrix.run.plan.fit_to_devices`): reported ``skipped``.
     skipped: Sequence[tuple[Cell, str]] = ()
-    #: The run's recorded histories (:meth:`cpmatrix.run.sharding.Recorded.merged`), which
-    #: this run's history starts from; None: ``out``'s own, read here. (What the worlds
-    #: pack by is ``RunContext.durations``, made from the same.)
-    recorded: Mapping[str, CellHistory] | None = None
+    #: The run's recorded histories, read once before the run
+    #: (:meth:`cpmatrix.run.sharding.Recorded.merged`): this run's history starts from them
+    #: (none handed: a fresh history). What the worlds pack by is ``RunContext.durations``,
+    #: made from the same reading.
+    recorded: Mapping[str, CellHistory] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,9 +151,7 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     layout = RunLayout(out)
     for stale in layout.job_folders():
         shutil.rmtree(stale, ignore_errors=True)
-    # As the run read it (--durations-from's under this folder's own); a direct caller's:
-    # this folder's own.
-    history = dict(known.recorded) if known.recorded is not None else load_run_history(out)
+    history = dict(known.recorded)
     session = _Session(context, platforms, pool=pool, store=known.store,
                        on_result=watch.on_result)
     session.watch = watch

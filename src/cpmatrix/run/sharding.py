@@ -54,6 +54,7 @@ class Recorded:
         self._durations: dict[str, float] | None = None
         self._history: dict[str, CellHistory] | None = None
         self._own: dict[str, CellHistory] | None = None
+        self._merged: dict[str, CellHistory] | None = None
 
     def durations(self) -> dict[str, float]:
         """``--durations-from FILE`` if given (a missing or unreadable one is a usage error: the
@@ -72,7 +73,9 @@ class Recorded:
     def merged(self) -> dict[str, CellHistory]:
         """``--durations-from``'s histories with ``--out``'s own over them (this folder's
         records win): what the run's history starts from, and what its worlds pack by."""
-        return merge_histories([self.history() or {}, self.own()])
+        if self._merged is None:
+            self._merged = merge_histories([self.history() or {}, self.own()])
+        return self._merged
 
     def planning(self, pack: PackSpec) -> dict[str, float]:
         """Expected seconds per cell that the worlds pack their cells onto their ranks by:

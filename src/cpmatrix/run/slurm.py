@@ -5,10 +5,10 @@ same for both schedulers:
 
 - :class:`SlurmRunner` wraps the run's runner (local, sandbox, docker): the command it
   would run becomes the one task of a one-node ``srun`` job (``--nodes=1 --ntasks=1``,
-  ``--gres=gpu:N`` for a cuda world), so torchrun and its ranks start inside the
+  ``--gres=gpu:N`` for a cuda world), so the launcher and its ranks start inside the
   allocation exactly as they do here, with the same environment allow-list. Its pids are
   another node's, so they are never signalled (``shares_pid_namespace = False``): faults
-  are read from the typed start/done files on the shared ``--out`` and torchrun's log.
+  are read from the typed start/done files on the shared ``--out`` and the launcher's log.
 - :class:`SlurmJob` wraps one executor job and adds what only Slurm knows: a job still
   PENDING past ``pending_timeout_s`` fails its cells with a clear message (the world's
   start-up clock only runs once Slurm runs it); a job Slurm ended (``scancel``, time

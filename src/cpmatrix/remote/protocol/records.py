@@ -133,7 +133,7 @@ class CellSpec(_Json):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorldSpec(_Json):
-    """The job file of a torchrun world (``world.json``)."""
+    """The job file of a world (``world.json``), whichever launcher starts its ranks."""
 
     name: str
     run_id: str

@@ -1,6 +1,6 @@
 """The compile executor: spill cells (``kind: spill``) in a compile subprocess, watched.
 
-Spill cells need no torchrun world: each compiles one Triton kernel for one arch and
+Spill cells need no world of ranks: each compiles one Triton kernel for one arch and
 reads ``ptxas -v``. A :class:`CompileRun` runs a batch of them in one subprocess
 (:mod:`cpmatrix.remote.compile_main`), without ``TRITON_INTERPRET``, writing the same typed
 markers a world's rank 0 does. It is polled like a world: a cell past its timeout or a

@@ -53,7 +53,7 @@ __all__ = ["FORKRUN", "TRAMPOLINE", "WORLD_TOKEN", "Child", "Progress", "free_po
            "launcher_argv", "physical_devices", "pid_state"]
 
 #: Starts the command with the parent-death signal set: if cpmatrix dies, even by SIGKILL,
-#: the kernel kills the child (and each rank then dies with torchrun). argv: the expected
+#: the kernel kills the child (and each rank then dies with the launcher). argv: the expected
 #: parent pid, then the command.
 TRAMPOLINE = (
     "import ctypes, os, sys\n"
@@ -100,7 +100,7 @@ def launcher_argv(launcher: str, python: str, ranks: int, port: int,
 
 
 class Child:
-    """One launched process tree (torchrun and its ranks, or a compile subprocess)."""
+    """One launched process tree (a launcher and its ranks, or a compile subprocess)."""
 
     def __init__(self, token: str, runner: Runner) -> None:
         #: ``<run>/<job>``: in every process's environment (``CPMATRIX_WORLD``).

@@ -15,8 +15,8 @@ the spare's but for ``HOME``, ``TMPDIR`` and the world token (``CPMATRIX_WORLD``
 ``HOME``/``TMPDIR`` become the world's before anything of the world runs (each cell gets
 its own anyway), and the world takes the spare's token, which every process of the tree
 carries from its start (the sweep reads it from ``/proc``). Anything else (another
-``PYTHONPATH``, an allow-listed variable changed since, a CUDA world) starts a launcher
-as before. An unadopted spare is killed when the run ends (:meth:`Spare.close`); it dies
+``PYTHONPATH``, an allow-listed variable changed since, a CUDA world) starts its own
+launcher. An unadopted spare is killed when the run ends (:meth:`Spare.close`); it dies
 with cpmatrix in any case (the parent-death signal, as every launcher).
 
 Example::

@@ -133,7 +133,7 @@ class WorldRun:
         return cell_spec(entry)
 
     def start(self) -> None:
-        """Write the world file and launch torchrun; OS errors fail the world's cells."""
+        """Write the world file and start the launcher; OS errors fail the world's cells."""
         ctx, folder = self.context, self.folder
         try:
             if folder.path.exists():  # never read another launch's progress files
@@ -235,7 +235,7 @@ class WorldRun:
             self._on_world_exit()
         elif self._dead and now - min(t for t, _ in self._dead.values()) > \
                 self.context.timings.dead_rank_grace_s:
-            # A rank died and torchrun has not torn the rest down yet: do it ourselves.
+            # A rank died and the launcher has not torn the rest down yet: do it ourselves.
             self.child.kill(list(self._host_pids().values()))
             self._on_world_exit()
         else:
@@ -326,7 +326,7 @@ class WorldRun:
             if all(COLLATERAL.search(o.message) for o in errors) and (
                     self._dead or not ctx.runner.shares_pid_namespace):
                 # The only failures say "a peer went away" and a rank died (or, where
-                # rank pids cannot be watched, may have): a crash, whichever of torchrun
+                # rank pids cannot be watched, may have): a crash, whichever of the launcher
                 # or this grace period notices first. With every rank alive, such a
                 # message is the rank's own error (the abort below attributes it).
                 self._dump_stacks()
@@ -402,7 +402,7 @@ class WorldRun:
             _remove_folder(self.context.out_root / work_folder(entry.out_dir, self.name))
 
     def _on_world_exit(self, reason: str = "") -> None:
-        """torchrun is gone with cells unfinished: a crash, or a world that never started."""
+        """The launcher is gone with cells unfinished: a crash, or a world that never started."""
         self.child.sweep()
         self._read_progress()
         self._collect_complete()

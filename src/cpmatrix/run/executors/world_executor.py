@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.run.context import RunContext
@@ -39,12 +38,10 @@ class WorldExecutor:
     def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
              durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
              mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
-        pack = pack or PackSpec()
-        if settings.keep_order:  # matrix order, one cell at a time: to bisect a state leak
-            pack = replace(pack, serial=True)
+        # ``--keep-order``'s one cell at a time is the pack's (``serial``: setup.pack_spec).
         return plan_batches(cells, durations=durations, batch_size=settings.batch_size,
                             mutants=mutants, keep_order=settings.keep_order, worlds=worlds,
-                            pack=pack)
+                            pack=pack or PackSpec())
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform,
                        pack: PackSpec | None = None) -> int:

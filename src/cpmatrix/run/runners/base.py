@@ -65,8 +65,8 @@ def hermetic_env(
 class Launch:
     """A world's command and what it may touch."""
 
-    #: The torchrun argv
-    #: (``python -m torch.distributed.run ... -m cpmatrix.remote.world_main FILE``).
+    #: The launcher's argv (:func:`~cpmatrix.run.executors.launch.launcher_argv`: the fork
+    #: launcher or ``torch.distributed.run``, either running ``world_main`` in each rank).
     argv: tuple[str, ...]
     #: The complete environment for the command (already hermetic).
     env: dict[str, str]

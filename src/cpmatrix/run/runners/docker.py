@@ -200,7 +200,7 @@ def _last_line(text: str) -> str:
 
 
 class DockerRunner:
-    """torchrun in ``docker run --network=none`` from the platform's image.
+    """The world's launcher in ``docker run --network=none`` from the platform's image.
 
     ``image`` defaults to ``cpmatrix-<flavor>:<tag>`` for the platform's Dockerfile
     (``image:`` in the matrix, relative to the matrix file; ``<flavor>.Dockerfile`` with

@@ -1,4 +1,4 @@
-"""The local runner: torchrun as a plain subprocess with the hermetic environment.
+"""The local runner: the world's launcher as a plain subprocess with the hermetic environment.
 
 Example::
 
@@ -14,7 +14,7 @@ __all__ = ["LocalRunner"]
 
 
 class LocalRunner:
-    """torchrun as a plain subprocess with the hermetic environment."""
+    """The world's launcher as a plain subprocess with the hermetic environment."""
 
     name = "local"
     shares_pid_namespace = True

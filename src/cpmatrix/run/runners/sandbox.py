@@ -55,7 +55,7 @@ _HOSTS: Final = "".join(
 #: rank's pid (``os.getpid()`` in the worker) to check liveness, dump stacks (SIGUSR1) and
 #: kill a hung rank; in a pid namespace those numbers name unrelated host processes.
 #: Teardown needs no namespace: the supervisor kills bwrap's process group and every rank
-#: by pid, and --die-with-parent takes torchrun down with bwrap.
+#: by pid, and --die-with-parent takes the launcher down with bwrap.
 _ISOLATION: Final = (
     "--die-with-parent",
     "--unshare-net",
@@ -232,7 +232,7 @@ def _probe(bwrap: str) -> str | None:
 
 
 class SandboxRunner:
-    """torchrun inside bubblewrap with a loopback-only network and read-only inputs.
+    """The world's launcher inside bubblewrap with a loopback-only network and read-only inputs.
 
     ``device="cuda"`` also binds the GPU device nodes (those in ``launch.devices``, or
     every /dev/nvidiaN when it is empty).
