@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
     # ... its in-rank runner with the code that runs in the worlds' ranks ...
-    ("cpmatrix.remote", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank",
+    ("cpmatrix.worker", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank",
      "cpmatrix.pytest_front.preload"),
     ("cpmatrix.report",),
     ("cpmatrix.run",),

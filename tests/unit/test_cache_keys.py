@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from cpmatrix.paths import PACKAGE_DIR
-from cpmatrix.remote.observe import ABSENT, CHANGED, signature
 from cpmatrix.result import Result, Status
 from cpmatrix.run import cache
 from cpmatrix.run.cache import (
@@ -31,6 +30,7 @@ from cpmatrix.run.cache import (
     default_cache_dir,
     merge_reads,
 )
+from cpmatrix.worker.observe import ABSENT, CHANGED, signature
 
 
 def test_doctests_run() -> None:
@@ -253,10 +253,10 @@ def test_mutant_runs_and_failures_are_never_stored(tmp_path: Path) -> None:
 
 #: cpmatrix modules that run in a world but were missing from the hand-written list the
 #: runtime digest once read (issue 21, row 5): an edit of any of them reused old passes.
-WORLD_SIDE = {"cpmatrix.remote.world_main", "cpmatrix.remote.subworld",
-              "cpmatrix.remote.protocol", "cpmatrix.remote.forkrun",
-              "cpmatrix.remote.isolation", "cpmatrix.remote.observe", "cpmatrix.remote.procs",
-              "cpmatrix.remote.watchdog", "cpmatrix.remote.compile_main", "cpmatrix.cell",
+WORLD_SIDE = {"cpmatrix.worker.world_main", "cpmatrix.worker.subworld",
+              "cpmatrix.worker.protocol", "cpmatrix.worker.forkrun",
+              "cpmatrix.worker.isolation", "cpmatrix.worker.observe", "cpmatrix.worker.procs",
+              "cpmatrix.worker.watchdog", "cpmatrix.worker.compile_main", "cpmatrix.cell",
               "cpmatrix.fsutil"}
 
 

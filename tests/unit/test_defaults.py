@@ -43,7 +43,7 @@ class Default:
 DEFAULTS: tuple[Default, ...] = (
     Default("cpmatrix.defaults:TIMEOUT_S", defaults.TIMEOUT_S,
             ("matrix/schema.py", "matrix/load.py", "matrix/pytest_spec.py",
-             "remote/protocol/records.py", "pytest_front/plugin.py"),
+             "worker/protocol/records.py", "pytest_front/plugin.py"),
             ("timeout_s", "DEFAULT_TIMEOUT_S")),
     # The abort grace is FaultTimings' own; the pytest front takes it from RunOptions.
     Default("cpmatrix.run.settings:FaultTimings", FaultTimings().abort_grace_s,

@@ -115,7 +115,7 @@ def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
 
     from cpmatrix.cell import CellContext
     from cpmatrix.matrix.schema import Cell, Mesh
-    from cpmatrix.remote.protocol import CellSpec
+    from cpmatrix.worker.protocol import CellSpec
 
     cell = Cell(id="t[layer,2x3,bf16,autocast=on,kernel]@cuda", target="t", case="m:f",
                 kind="property", level="layer", mesh=Mesh.parse("2x3"), dtype="bf16",
@@ -139,7 +139,7 @@ def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
 
 
 def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
-    homes = {"CellSpec": {"remote/protocol/records.py"},
+    homes = {"CellSpec": {"worker/protocol/records.py"},
              # The pytest front's own fixture: a context of a plain pytest test, no spec.
              "CellContext": {"cell.py", "pytest_front/plugin.py"}}
     found = []

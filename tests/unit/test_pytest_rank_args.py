@@ -46,7 +46,7 @@ TAIL = """\
 before the test
 cpmatrix worker: cell s[unit,1x2,test=a] failed on rank 1:
 Traceback (most recent call last):
-  File "/x/cpmatrix/remote/worker.py", line 10, in run
+  File "/x/cpmatrix/worker/worker.py", line 10, in run
     case(cell)
   File "/x/cpmatrix/pytest_front/rank.py", line 20, in case
     raise PytestFailure(text)

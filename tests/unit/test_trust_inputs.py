@@ -209,11 +209,11 @@ def _two_rank_cell() -> tuple[Any, Any]:
 
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
-    from cpmatrix.remote.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
     from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners import get_runner
+    from cpmatrix.worker.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
 
     cell, platform = _two_rank_cell()
 

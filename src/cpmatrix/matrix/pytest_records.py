@@ -148,7 +148,7 @@ def judged_cell(cell_dir: Path, size: int, result: Result,
 
 
 def cut_off_of(records: Mapping[int, Mapping[str, Any]]) -> dict[int, list[str]]:
-    """rank -> the phases a peer cut it off in (:mod:`cpmatrix.remote.sever`).
+    """rank -> the phases a peer cut it off in (:mod:`cpmatrix.worker.sever`).
 
     >>> cut_off_of({0: {"cut_off": [{"when": "call"}]}, 1: {}})
     {0: ['call']}

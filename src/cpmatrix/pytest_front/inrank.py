@@ -1,7 +1,7 @@
 """What a rank does around one test, per dialect (runs inside the ranks).
 
 A cell's ranks already hold a default process group of exactly the cell's ranks
-(:mod:`cpmatrix.remote.subworld`) when the test starts. Around every test
+(:mod:`cpmatrix.worker.subworld`) when the test starts. Around every test
 (:func:`in_test`):
 
 - ``init_process_group`` joins that group instead of making one (a test's own init, a
@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cpmatrix.cell import CellContext
-from cpmatrix.remote.meshes import clear_dtensor_caches
+from cpmatrix.worker.meshes import clear_dtensor_caches
 
 __all__ = ["Dialect", "dialect_of", "in_test", "step_aside_launchers"]
 

@@ -37,7 +37,7 @@ from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.pytest_records import REPORTS_FILE
 from cpmatrix.matrix.pytest_spec import KIND, PytestSession
-from cpmatrix.remote.protocol import WorldFolder, WorldSpec
+from cpmatrix.worker.protocol import WorldFolder, WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "before_fork", "case", "current_cell",
            "pinned_args", "prepare"]
@@ -192,8 +192,8 @@ SKIP_WAIT_S = 1.0
 
 def _tell_peers(phases: list[dict[str, Any]]) -> None:
     """After this rank's test: say so, and cut the cell when it failed or skipped here
-    (its peers may wait in a collective it will never join: remote/sever.py)."""
-    from cpmatrix.remote import sever
+    (its peers may wait in a collective it will never join: worker/sever.py)."""
+    from cpmatrix.worker import sever
 
     if sever.armed() is None:
         return
@@ -391,7 +391,7 @@ class _RankPlugin:
 
 def _cut_off(report: Any) -> bool:
     """Whether a failed report is the error of a collective a peer cut."""
-    from cpmatrix.remote import sever
+    from cpmatrix.worker import sever
 
     return sever.CUT_OFF.search(report.longreprtext or "") is not None and sever.cut_by_peer()
 

@@ -13,7 +13,7 @@ The key has two halves (docs/cache.md says what each covers):
   distributions and its site configuration (:mod:`cpmatrix.run.toolchain`), the
   environment allow-list and the platform's environment, the mutant, the machine's
   hardware and stack identity (:mod:`cpmatrix.run.machine`);
-- the **observed set** (:mod:`cpmatrix.remote.observe`): every file and folder the cell
+- the **observed set** (:mod:`cpmatrix.worker.observe`): every file and folder the cell
   read on any rank, outside the standard library and non-editable distributions' RECORDs,
   however it was read (an editable install, ``importlib``, a folder added to
   ``sys.path``, a ``.pth`` path, a data file, a module an earlier cell loaded). Stored as
@@ -65,10 +65,10 @@ from cpmatrix.digest import ModuleSources, canonical_json
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import PACKAGE_DIR
-from cpmatrix.remote.follow import UNOBSERVED, merge_signatures
-from cpmatrix.remote.observe import ABSENT, CHANGED, importable, signature
 from cpmatrix.result import Result, Status
 from cpmatrix.run.portable import NO_ANCHORS, Anchors
+from cpmatrix.worker.follow import UNOBSERVED, merge_signatures
+from cpmatrix.worker.observe import ABSENT, CHANGED, importable, signature
 
 __all__ = ["FORMAT", "WORKER_ENTRIES", "ActionKeys", "ReadHashes", "ResultCache",
            "default_cache_dir", "merge_reads", "storable"]
@@ -80,8 +80,8 @@ _PACKAGE_DIR = PACKAGE_DIR
 #: The modules that start cpmatrix's code in a world (a rank, the fork launcher, a
 #: container's watchdog, the spill compiler): everything they import, transitively, runs
 #: there, and a change to any of it changes every result.
-WORKER_ENTRIES: Final = ("cpmatrix.remote.world_main", "cpmatrix.remote.forkrun",
-                         "cpmatrix.remote.watchdog", "cpmatrix.remote.compile_main")
+WORKER_ENTRIES: Final = ("cpmatrix.worker.world_main", "cpmatrix.worker.forkrun",
+                         "cpmatrix.worker.watchdog", "cpmatrix.worker.compile_main")
 
 
 def default_cache_dir() -> Path:

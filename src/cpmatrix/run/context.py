@@ -40,12 +40,12 @@ class RunContext:
     run_id: str = ""
     #: The interpreter that launches the children (``--python``).
     python: str = sys.executable
-    #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.remote.forkrun`) or ``torchrun``.
+    #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.worker.forkrun`) or ``torchrun``.
     launcher: Launcher = LAUNCHER
     #: The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
     pythonpath: tuple[str, ...] = ()
     #: The matrix's own pythonpath folders: modules a cell imports from them are
-    #: re-imported afresh for the next cell (see :mod:`cpmatrix.remote.isolation`).
+    #: re-imported afresh for the next cell (see :mod:`cpmatrix.worker.isolation`).
     project_roots: tuple[str, ...] = ()
     #: Folders a hermetic runner mounts read-only besides ``pythonpath`` (the matrix's).
     readonly: tuple[str, ...] = ()

@@ -34,7 +34,7 @@ def discover_mutants(pythonpath: Sequence[str], cells: Sequence[Cell],
         return {c.id: [""] for c in cells}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((*pythonpath, str(IMPORT_ROOT)))}
     proc = subprocess.run(
-        [python, "-m", "cpmatrix.remote.discover_main", json.dumps(list(pythonpath)),
+        [python, "-m", "cpmatrix.worker.discover_main", json.dumps(list(pythonpath)),
          json.dumps(cases)], capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise UsageError(f"could not read declared mutants:\n{proc.stderr[-2000:]}")

@@ -2,7 +2,7 @@
 
 A world launches ``ranks`` ranks (on a GPU host, one per device). A cell of ``k`` ranks
 takes any ``k`` of them for as long as it runs, in a process group of exactly its own
-ranks (:mod:`cpmatrix.remote.subworld`), so cells on disjoint rank sets run at once: a
+ranks (:mod:`cpmatrix.worker.subworld`), so cells on disjoint rank sets run at once: a
 9-rank world runs a 2x2, a 2x2 and a 1x1 cell side by side, an 8-GPU node four 2-GPU
 cells. Pure; no processes, no torch.
 

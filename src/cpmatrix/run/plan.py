@@ -2,7 +2,7 @@
 
 Cells are grouped by platform: one world per platform, with the ranks of its widest
 cell (or more: ``--world-ranks``, a GPU host's devices); each cell runs on a set of the
-world's ranks in a process group of its own size (see :mod:`cpmatrix.remote.subworld`),
+world's ranks in a process group of its own size (see :mod:`cpmatrix.worker.subworld`),
 cells on disjoint ranks at once, as :mod:`cpmatrix.run.packing` places them. Within a
 world, cells are ordered by size, largest first, then longest-first by the durations
 recorded in earlier runs (else by timeout): the packing's priority. They are then cut

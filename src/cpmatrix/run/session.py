@@ -12,7 +12,7 @@ cannot start is retried twice and then its cells fail with the launcher's error;
 report is written atomically, in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells
 ``interrupted``) and after an internal error of cpmatrix (unfinished cells ``crash``, the
 error named, then re-raised).
-When the run ends, no process it started is left (see :mod:`cpmatrix.remote.procs`).
+When the run ends, no process it started is left (see :mod:`cpmatrix.worker.procs`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,6 @@ from dataclasses import dataclass, field, replace
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.procs import (
-    descendants,
-    kill_all,
-    processes_with_token,
-    reap_orphans,
-    set_child_subreaper,
-)
 from cpmatrix.report.history import CellHistory, load_run_history, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
@@ -50,6 +43,13 @@ from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.run.stopping import Stopper, StopRequested
+from cpmatrix.worker.procs import (
+    descendants,
+    kill_all,
+    processes_with_token,
+    reap_orphans,
+    set_child_subreaper,
+)
 
 __all__ = ["JobPool", "Known", "Watch", "run_cells"]
 

@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.result import FailureKind, Result, Status
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.plan import Batch, expected_s, slot_plan
 from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.run.settings import SlurmSettings
+from cpmatrix.worker.procs import WORLD_TOKEN
 
 __all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner",
            "job_name_of", "parse_states", "query_states", "slurm_missing", "slurm_plan",

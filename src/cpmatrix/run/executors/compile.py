@@ -2,7 +2,7 @@
 
 Spill cells need no torchrun world: each compiles one Triton kernel for one arch and
 reads ``ptxas -v``. A :class:`CompileRun` runs a batch of them in one subprocess
-(:mod:`cpmatrix.remote.compile_main`), without ``TRITON_INTERPRET``, writing the same typed
+(:mod:`cpmatrix.worker.compile_main`), without ``TRITON_INTERPRET``, writing the same typed
 markers a world's rank 0 does. It is polled like a world: a cell past its timeout or a
 compiler that dies fails that cell only, and the rest are handed back to run in a fresh
 subprocess.
@@ -26,7 +26,6 @@ from typing import Any
 from cpmatrix.fsutil import tail_lines
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.protocol import CompileFolder, CompileJob, Outcome, write_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -37,6 +36,7 @@ from cpmatrix.run.plan import Batch, expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.settings import PlanSettings
+from cpmatrix.worker.protocol import CompileFolder, CompileJob, Outcome, write_typed
 
 __all__ = ["CompileExecutor", "CompileRun"]
 
@@ -88,7 +88,7 @@ class CompileRun:
         self.entries = list(entries)
         self.context = context
         self.devices: tuple[int, ...] = ()
-        #: Its job file, log and markers (:mod:`cpmatrix.remote.protocol`).
+        #: Its job file, log and markers (:mod:`cpmatrix.worker.protocol`).
         self.folder = CompileFolder(RunLayout(context.out_root).compile_job(name))
         self.progress = Progress(self.folder.progress, context.run_id)
         # Compiles need no isolation beyond the hermetic environment: always local.
@@ -119,7 +119,7 @@ class CompileRun:
                                       WORLD_TOKEN: self.child.token})
             env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
             self.child.start(Launch(
-                argv=(ctx.python, "-m", "cpmatrix.remote.compile_main",
+                argv=(ctx.python, "-m", "cpmatrix.worker.compile_main",
                       str(self.folder.job_file)),
                 env=env, cwd=str(self.folder.path), name=self.name), self.folder.log)
         except OSError as exc:

@@ -28,7 +28,6 @@ from dataclasses import replace
 from cpmatrix.matrix.pytest_records import judged_cell
 from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.protocol import CellSpec
 from cpmatrix.result import Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -37,6 +36,7 @@ from cpmatrix.run.executors.world_executor import WorldExecutor
 from cpmatrix.run.packing import Packing, PackSpec
 from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
+from cpmatrix.worker.protocol import CellSpec
 
 __all__ = ["PytestExecutor", "PytestWorldRun"]
 

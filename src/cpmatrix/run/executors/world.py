@@ -3,7 +3,7 @@
 A :class:`WorldRun` is one launch (fork launcher or torchrun) of some cells, packed onto
 its ranks (:mod:`cpmatrix.run.packing`: cells on disjoint ranks run at once, each in a
 process group of its own ranks). It is polled; it never blocks. It reads the ranks'
-typed start markers and outcomes (:mod:`cpmatrix.remote.protocol`, ranks counted in the
+typed start markers and outcomes (:mod:`cpmatrix.worker.protocol`, ranks counted in the
 cell), watches the rank pids (world ranks), and decides, per cell in flight:
 
 - all ranks wrote an outcome for a cell -> that cell's result (passed/failed);
@@ -36,16 +36,6 @@ from pathlib import Path
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
 from cpmatrix.layout import RunLayout, cell_output_log, cell_stacks, work_folder
 from cpmatrix.matrix.schema import Platform
-from cpmatrix.remote.protocol import (
-    CellSpec,
-    Outcome,
-    PidFile,
-    RankLeft,
-    WorldFolder,
-    WorldSpec,
-    read_typed,
-    write_typed,
-)
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -68,6 +58,16 @@ from cpmatrix.run.executors.spare import world_env
 from cpmatrix.run.packing import Packing
 from cpmatrix.run.plan import expected_s
 from cpmatrix.run.runners.base import Launch
+from cpmatrix.worker.protocol import (
+    CellSpec,
+    Outcome,
+    PidFile,
+    RankLeft,
+    WorldFolder,
+    WorldSpec,
+    read_typed,
+    write_typed,
+)
 
 __all__ = ["WorldRun", "cell_spec"]
 
@@ -102,9 +102,9 @@ class WorldRun:
         #: Per entry, the world ranks it runs on; its rank r is world rank placement[i][r].
         self.placement = [packing.slots[i].ranks for i in packing.order]
         #: Ranks launched; each cell runs in a process group of its own ranks only
-        #: (:mod:`cpmatrix.remote.subworld`), cells on disjoint ranks at once.
+        #: (:mod:`cpmatrix.worker.subworld`), cells on disjoint ranks at once.
         self.world_size = packing.ranks
-        #: Every file the supervisor and the ranks exchange (:mod:`cpmatrix.remote.protocol`).
+        #: Every file the supervisor and the ranks exchange (:mod:`cpmatrix.worker.protocol`).
         self.folder = WorldFolder(RunLayout(context.out_root).world(name))
         self.progress = Progress(self.folder.progress, context.run_id)
         self.child = Child(f"{context.run_id or os.getpid()}/{name}", context.runner)
@@ -261,13 +261,13 @@ class WorldRun:
                 continue
             outs = [o for o in self._outcomes(i).values() if o is not None]
             # Every rank's outcome in, and final: a rank still checking the groups the
-            # cell used may yet find the cell left one unusable (remote/hygiene.py).
+            # cell used may yet find the cell left one unusable (worker/hygiene.py).
             if len(outs) == len(self._ranks(i)) and all(o.final for o in outs):
                 self._report(i, result_from_outcomes(entry, outs, tails=self._tails(i)))
 
     def _with_folder(self, entry: Entry, result: Result) -> Result:
         """A passed or skipped cell's working folder (``cwd``, ``home``, ``tmp`` of its ranks;
-        remote/cellenv.py) is removed; a failed cell's is kept, and its result names it.
+        worker/cellenv.py) is removed; a failed cell's is kept, and its result names it.
 
         Here, not in the ranks: the supervisor's process is off the cells' path (an
         ``rmtree`` in a rank cost 1-10 ms per cell on a loaded 2-core machine)."""

@@ -66,7 +66,7 @@ class Launch:
     """A world's command and what it may touch."""
 
     #: The torchrun argv
-    #: (``python -m torch.distributed.run ... -m cpmatrix.remote.world_main FILE``).
+    #: (``python -m torch.distributed.run ... -m cpmatrix.worker.world_main FILE``).
     argv: tuple[str, ...]
     #: The complete environment for the command (already hermetic).
     env: dict[str, str]

@@ -1,7 +1,7 @@
 """What the read observer leaves out: the standard library and the files of non-editable
 installed distributions (their ``RECORD``; covered by ``name==version`` in the toolchain
 key), and the kernel's views (``/proc``, ``/sys``, ``/dev``). Standard library only; made
-once per process (:func:`cpmatrix.remote.observe.warm`).
+once per process (:func:`cpmatrix.worker.observe.warm`).
 
 Example::
 

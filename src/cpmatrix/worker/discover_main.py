@@ -1,6 +1,6 @@
 """Reads the mutants each case declares, in a child process (torch stays out of cpmatrix).
 
-    python -m cpmatrix.remote.discover_main PYTHONPATH_JSON CASES_JSON
+    python -m cpmatrix.worker.discover_main PYTHONPATH_JSON CASES_JSON
 
 Prints one JSON object: case ref -> its mutant names (``fn.__cpmatrix_mutants__``), or
 ``{"error": "..."}`` for a case that cannot be imported. Standard library only.
@@ -16,7 +16,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m cpmatrix.remote.discover_main PYTHONPATH_JSON CASES_JSON",
+        print("usage: python -m cpmatrix.worker.discover_main PYTHONPATH_JSON CASES_JSON",
               file=sys.stderr)
         return 2
     sys.path[:0] = json.loads(args[0])

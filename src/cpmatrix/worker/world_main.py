@@ -2,38 +2,38 @@
 
 Usage (the supervisor builds this command)::
 
-    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.remote.world_main W.json
+    python -m torch.distributed.run --nproc-per-node=4 ... -m cpmatrix.worker.world_main W.json
 
 Imports only the standard library, torch and the worker-side part of cpmatrix
-(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`cpmatrix.remote`), so start-up stays
+(:mod:`~cpmatrix.cell`, :mod:`~cpmatrix.fsutil`, :mod:`cpmatrix.worker`), so start-up stays
 cheap and a crash here is easy to read.
 
-The files it reads and writes are the typed ones of :mod:`cpmatrix.remote.protocol`, in
-the places its :class:`~cpmatrix.remote.protocol.WorldFolder` names: the
-:class:`~cpmatrix.remote.protocol.WorldSpec` job file; per rank a
-:class:`~cpmatrix.remote.protocol.PidFile` and its log (stdout+stderr); per cell and rank
-(the rank *in the cell*) a :class:`~cpmatrix.remote.protocol.StartMarker` *before* the
-cell runs and an :class:`~cpmatrix.remote.protocol.Outcome` *before* any cross-rank step
+The files it reads and writes are the typed ones of :mod:`cpmatrix.worker.protocol`, in
+the places its :class:`~cpmatrix.worker.protocol.WorldFolder` names: the
+:class:`~cpmatrix.worker.protocol.WorldSpec` job file; per rank a
+:class:`~cpmatrix.worker.protocol.PidFile` and its log (stdout+stderr); per cell and rank
+(the rank *in the cell*) a :class:`~cpmatrix.worker.protocol.StartMarker` *before* the
+cell runs and an :class:`~cpmatrix.worker.protocol.Outcome` *before* any cross-rank step
 after it. What the ranks say to each other goes through the launcher's store, in the
-protocol's words too (:mod:`cpmatrix.remote.protocol.store`).
+protocol's words too (:mod:`cpmatrix.worker.protocol.store`).
 
 Each rank runs the cells placed on it (``WorldSpec.placement``, planned by
 :mod:`cpmatrix.run.packing`) in the world file's order, each in a process group of the
-cell's own ranks (:mod:`cpmatrix.remote.subworld`) and, from its first instruction, in the
+cell's own ranks (:mod:`cpmatrix.worker.subworld`) and, from its first instruction, in the
 environment of a world of its own size: rank variables, working folder, ``HOME``,
-``TMPDIR`` (:mod:`cpmatrix.remote.cellenv`). After each cell the process state is
-restored or the change detected (:mod:`cpmatrix.remote.isolation`, the inventory of
-:mod:`cpmatrix.remote.inventory`); when a case changed what cannot be restored, that
+``TMPDIR`` (:mod:`cpmatrix.worker.cellenv`). After each cell the process state is
+restored or the change detected (:mod:`cpmatrix.worker.isolation`, the inventory of
+:mod:`cpmatrix.worker.inventory`); when a case changed what cannot be restored, that
 process runs no more cells: it tells the peers of each of its remaining cells to skip
 it, then exits 0, and the supervisor runs the skipped cells in a fresh world.
 
 Every group the cell used is proven drained and usable before a later cell reuses it, or
-it is destroyed and made afresh (:mod:`cpmatrix.remote.hygiene`): a half-finished
+it is destroyed and made afresh (:mod:`cpmatrix.worker.hygiene`): a half-finished
 operation of one cell is never matched by the next cell's. The outcome is written before
 that check, marked not final, and written again, final, once the check is done.
 
 Only the rank process writes outcomes: a child a case forked that comes back out of the
-case ends there (:mod:`cpmatrix.remote.forks`).
+case ends there (:mod:`cpmatrix.worker.forks`).
 """
 
 from __future__ import annotations
@@ -50,26 +50,26 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cpmatrix.layout import cell_stacks
-from cpmatrix.remote import sever
-from cpmatrix.remote.case import run_cell
-from cpmatrix.remote.cellenv import CellEnvironment
-from cpmatrix.remote.exchange import blame_state, exchange
-from cpmatrix.remote.follow import UNOBSERVED
-from cpmatrix.remote.hygiene import GroupLedger, Verdict, install_p2p_counter, judge
-from cpmatrix.remote.meshes import (
+from cpmatrix.worker import sever
+from cpmatrix.worker.case import run_cell
+from cpmatrix.worker.cellenv import CellEnvironment
+from cpmatrix.worker.exchange import blame_state, exchange
+from cpmatrix.worker.follow import UNOBSERVED
+from cpmatrix.worker.hygiene import GroupLedger, Verdict, install_p2p_counter, judge
+from cpmatrix.worker.meshes import (
     clear_dtensor_caches,
     destroy_groups,
     destroy_mesh,
     mesh_group_names,
 )
-from cpmatrix.remote.observe import ReadObserver, warm
-from cpmatrix.remote.procs import (
+from cpmatrix.worker.observe import ReadObserver, warm
+from cpmatrix.worker.procs import (
     descendants,
     kill_all,
     set_child_subreaper,
     set_parent_death_signal,
 )
-from cpmatrix.remote.protocol import (
+from cpmatrix.worker.protocol import (
     DONE,
     RECYCLE,
     START,
@@ -83,8 +83,8 @@ from cpmatrix.remote.protocol import (
     read_typed,
     write_typed,
 )
-from cpmatrix.remote.stacks import StackDumper
-from cpmatrix.remote.subworld import SubWorld
+from cpmatrix.worker.stacks import StackDumper
+from cpmatrix.worker.subworld import SubWorld
 
 # The fork launcher imports this module before it forks: reading the RECORDs and looking
 # at every loaded module once here does it once for every rank (the cache's observer).
@@ -134,14 +134,14 @@ _PREBUILT: list[Any] = []
 
 
 def before_fork(argv: list[str]) -> None:
-    """Called by :mod:`cpmatrix.remote.forkrun` before it forks the ranks: the snapshot
-    of every module namespace (:class:`~cpmatrix.remote.namespaces.NamespaceWatch`) is
+    """Called by :mod:`cpmatrix.worker.forkrun` before it forks the ranks: the snapshot
+    of every module namespace (:class:`~cpmatrix.worker.namespaces.NamespaceWatch`) is
     the same in every rank, so it is taken once, here, and inherited."""
-    from cpmatrix.remote.namespaces import NamespaceWatch
+    from cpmatrix.worker.namespaces import NamespaceWatch
 
     world = read_typed(argv[0], WorldSpec) if len(argv) == 1 else None
     if world is not None:
-        install_p2p_counter()  # part of torch as every cell sees it (remote/hygiene.py)
+        install_p2p_counter()  # part of torch as every cell sees it (worker/hygiene.py)
         if world.prepare:
             _before_prepare(world)
         _PREBUILT.append(NamespaceWatch(world.project_roots))
@@ -178,7 +178,7 @@ _PRELOAD_READS: dict[str, str] = {}
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m cpmatrix.remote.world_main WORLD.json", file=sys.stderr)
+        print("usage: python -m cpmatrix.worker.world_main WORLD.json", file=sys.stderr)
         return 2
     world = read_typed(args[0], WorldSpec)
     if world is None:
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # What each cell reads completes the cache key (the run's own folder is the cells':
     # their working folders, HOME and TMPDIR are under it); the processes a cell starts
-    # log theirs under the world's folder (cpmatrix.remote.follow).
+    # log theirs under the world's folder (cpmatrix.worker.follow).
     observer = ReadObserver(skip=(world.out_root, world.dir),
                             follow=os.path.join(world.dir, "follow"))
     observer.seen.update(_PRELOAD_READS)
@@ -253,7 +253,7 @@ class _Rank:
     def __init__(self, world: WorldSpec, rank: int, store: Any,
                  timeout: datetime.timedelta, log: TextIO, observer: ReadObserver,
                  device_index: int | None, store_port: int = 0) -> None:
-        from cpmatrix.remote.isolation import CellIsolation
+        from cpmatrix.worker.isolation import CellIsolation
 
         self.world = world
         self.rank = rank
@@ -319,7 +319,7 @@ class _Rank:
             log_offset=_log_offset()))
         self.isolation.before_cell()
         if self.world.backend == "gloo" and size > 1:
-            # A case may cut the cell to end its peers' wait at once (remote/sever.py).
+            # A case may cut the cell to end its peers' wait at once (worker/sever.py).
             sever.arm(self.store, index, local, size, self.store_port)
         self.observer.start()
         try:
@@ -350,7 +350,7 @@ class _Rank:
         mine = PeerReport(status=RECYCLE if problems else outcome.status, groups=report)
         peers = exchange(self.store, index, local, size, self.world.pg_timeout_s, mine)
         t_d = time.perf_counter()
-        # A cut cell's groups are broken on purpose (remote/sever.py): made afresh, never
+        # A cut cell's groups are broken on purpose (worker/sever.py): made afresh, never
         # probed (a probe would blame the cell for the cut).
         cut = size > 1 and self.world.backend == "gloo" and sever.was_cut(self.store, index,
                                                                           size)

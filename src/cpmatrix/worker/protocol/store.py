@@ -6,10 +6,10 @@ of a cell use it twice per cell, each rank under keys of its own:
 - **before** the cell, a :class:`Ready` word under :func:`ready_key`: ``go:<held>`` (the
   index of the cell whose agreement made the group the rank holds, -1 for none) or
   ``stop:<held>`` (the rank runs no more cells); the group is then made under
-  :func:`group_prefix` (:mod:`cpmatrix.remote.subworld`);
+  :func:`group_prefix` (:mod:`cpmatrix.worker.subworld`);
 - **after** it, a :class:`PeerReport` under :func:`report_key`: the rank's status
   (``ok``, ``error``, or ``recycle``: the process state cannot be restored) and what it did
-  to its groups (:mod:`cpmatrix.remote.exchange`, :mod:`cpmatrix.remote.hygiene`).
+  to its groups (:mod:`cpmatrix.worker.exchange`, :mod:`cpmatrix.worker.hygiene`).
 
 Standard library only.
 
@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from cpmatrix.remote.protocol.records import ERROR, OK
+from cpmatrix.worker.protocol.records import ERROR, OK
 
 __all__ = ["RECYCLE", "PeerReport", "PeerStatus", "Ready", "cut_key", "done_key",
            "group_prefix", "ready_key", "report_key"]
@@ -99,7 +99,7 @@ class Ready:
 @dataclass(frozen=True, slots=True)
 class PeerReport:
     """What a rank tells its cell's peers after the cell: its status and its group report
-    (:meth:`cpmatrix.remote.hygiene.GroupLedger.after_case`)."""
+    (:meth:`cpmatrix.worker.hygiene.GroupLedger.after_case`)."""
 
     status: PeerStatus
     groups: dict[str, Any] = field(default_factory=dict)

@@ -7,7 +7,7 @@ id; a world's ranks also write a :class:`PidFile` each and a :class:`RankLeft` w
 exit normally; the fork launcher writes a :class:`RootCause` when a rank fails first. A
 file of another run, or one that does not parse as its type, is ignored by the reader
 (``None``), never mistaken for this run's evidence. Where each file lives:
-:mod:`cpmatrix.remote.protocol.folders`.
+:mod:`cpmatrix.worker.protocol.folders`.
 
 Example::
 
@@ -179,7 +179,7 @@ class CompileJob(_Json):
     """The job file of a compile subprocess (``job.json``)."""
 
     run_id: str
-    #: The job's folder (:class:`~cpmatrix.remote.protocol.folders.CompileFolder`): its
+    #: The job's folder (:class:`~cpmatrix.worker.protocol.folders.CompileFolder`): its
     #: markers go there.
     folder: str
     cache_dir: str | None
@@ -226,10 +226,10 @@ class Outcome(_Json):
     #: The case changed process state that cannot be restored: the world is recycled.
     recycle: bool = False
     #: False while the rank still checks the groups the cell used (after the store
-    #: barrier, :mod:`cpmatrix.remote.hygiene`): the rank rewrites this file, final, once
+    #: barrier, :mod:`cpmatrix.worker.hygiene`): the rank rewrites this file, final, once
     #: it knows. A reader knows the rank left the case; the verdict is the final file's.
     final: bool = True
-    #: What the cell read on this rank (:mod:`cpmatrix.remote.observe`): path ->
+    #: What the cell read on this rank (:mod:`cpmatrix.worker.observe`): path ->
     #: signature. None when it was not observed (such a pass is never cached).
     reads: dict[str, str] | None = None
 

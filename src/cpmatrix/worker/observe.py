@@ -1,7 +1,7 @@
 """What a cell read, observed inside each rank: the completion of the cache's action key.
 
-Standard library only; it runs in the ranks (:mod:`~cpmatrix.remote.world_main`) and in
-the compile job (:mod:`~cpmatrix.remote.compile_main`).
+Standard library only; it runs in the ranks (:mod:`~cpmatrix.worker.world_main`) and in
+the compile job (:mod:`~cpmatrix.worker.compile_main`).
 
 A :class:`ReadObserver` is switched on for one cell (:meth:`~ReadObserver.start`, before
 the case module is imported) and off after it (:meth:`~ReadObserver.stop`), which returns
@@ -34,7 +34,7 @@ What is observed:
   could be imported count), so a module *added* where an import would find it reruns
   the cell too.
 
-- **processes the cell starts** (:mod:`cpmatrix.remote.follow`): their executable and the
+- **processes the cell starts** (:mod:`cpmatrix.worker.follow`): their executable and the
   files their arguments name; a Python child observes its own reads into a log the rank
   merges; a start nobody answered (a native program, a shell) makes the cell
   unobservable (a ``?`` signature with the reason: never stored).
@@ -75,8 +75,8 @@ from importlib.machinery import all_suffixes
 from importlib.util import source_from_cache
 from typing import Any
 
-from cpmatrix.remote.classify import Classifier
-from cpmatrix.remote.follow import (
+from cpmatrix.worker.classify import Classifier
+from cpmatrix.worker.follow import (
     CHANGED,
     FOLLOW_ENV,
     SKIP_ENV,
@@ -172,7 +172,7 @@ class ReadObserver:
 
     ``skip``: folders never observed (the run's output folder: a cell's own files).
     ``follow``: a folder (inside ``skip``) where each cell's followed children log what
-    they read (:mod:`cpmatrix.remote.follow`); without it, a cell that starts a process
+    they read (:mod:`cpmatrix.worker.follow`); without it, a cell that starts a process
     is unobservable. ``trust_installed``: a start of an executable listed in a
     distribution's RECORD is not followed (the compile job's ``ptxas``, whose binary
     is in the toolchain key and whose one input is the PTX the job wrote itself).
@@ -468,7 +468,7 @@ def _after_fork() -> None:
 
 def child_main() -> None:
     """In a Python child of a cell (``follow_site/sitecustomize.py``): when the cell's
-    environment asks for it (:mod:`cpmatrix.remote.follow`), observe this process's
+    environment asks for it (:mod:`cpmatrix.worker.follow`), observe this process's
     reads into a log of its own until it exits."""
     folder = os.environ.get(FOLLOW_ENV)
     if not folder or not os.path.isdir(folder):

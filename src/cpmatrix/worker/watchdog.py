@@ -12,7 +12,7 @@ command. Standard library only.
 
 Example (in a container started by the docker runner)::
 
-    python3 -m cpmatrix.remote.watchdog 4242 918273 BOOT_ID -- python3 -m torch.distributed.run ...
+    python3 -m cpmatrix.worker.watchdog 4242 918273 BOOT_ID -- python3 -m torch.distributed.run ...
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cpmatrix.remote.procs import (
+from cpmatrix.worker.procs import (
     WORLD_TOKEN,
     descendants,
     kill_all,
@@ -71,18 +71,18 @@ def watch_argv(python: str, pid: int, argv: Sequence[str]) -> list[str]:
     """``argv`` run under the watchdog of supervisor ``pid`` (its start time read now).
 
     >>> watch_argv("python3", os.getpid(), ["true"])[:3]
-    ['python3', '-m', 'cpmatrix.remote.watchdog']
+    ['python3', '-m', 'cpmatrix.worker.watchdog']
     """
     started = start_time(pid)
     if started is None:
         raise ValueError(f"cannot watch process {pid}: it is not running")
-    return [python, "-m", "cpmatrix.remote.watchdog", str(pid), str(started), boot_id(), "--",
+    return [python, "-m", "cpmatrix.worker.watchdog", str(pid), str(started), boot_id(), "--",
             *argv]
 
 
 def main(args: Sequence[str]) -> int:
     if len(args) < 5 or args[3] != "--":
-        print("usage: python -m cpmatrix.remote.watchdog PID START_TIME BOOT_ID -- COMMAND...",
+        print("usage: python -m cpmatrix.worker.watchdog PID START_TIME BOOT_ID -- COMMAND...",
               file=sys.stderr)
         return 2
     pid, started, argv = int(args[0]), int(args[1]), list(args[4:])
@@ -96,7 +96,7 @@ def main(args: Sequence[str]) -> int:
         if code is not None:
             return code if code >= 0 else 128 - code
         if here and not alive(pid, started):
-            print(f"cpmatrix.remote.watchdog: supervisor {pid} is gone; killing the world",
+            print(f"cpmatrix.worker.watchdog: supervisor {pid} is gone; killing the world",
                   file=sys.stderr, flush=True)
             token = os.environ.get(WORLD_TOKEN)
             for _ in range(2):  # a second pass for what forked while the first one ran

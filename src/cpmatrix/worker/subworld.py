@@ -11,7 +11,7 @@ in its own group; a rank that is in no running cell waits for its next one.
 
 Before a cell, its ranks agree through the launcher's store (never a collective: the
 group does not exist yet), each writing its word
-(:class:`~cpmatrix.remote.protocol.store.Ready`, ``<go|stop>:<group id>``):
+(:class:`~cpmatrix.worker.protocol.store.Ready`, ``<go|stop>:<group id>``):
 
 - any ``stop`` (a rank whose process state could not be restored after an earlier cell
   runs nothing more) -> every rank of the cell skips it (the supervisor reruns it in a
@@ -39,7 +39,7 @@ import datetime
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from cpmatrix.remote.protocol import Ready, group_prefix, ready_key
+from cpmatrix.worker.protocol import Ready, group_prefix, ready_key
 
 __all__ = ["SubWorld"]
 
@@ -102,7 +102,7 @@ class SubWorld:
         self.held, self.held_ranks, self.dirty = -1, (), False
         local, size = ranks.index(self.rank), len(ranks)
         # What a case reads of its world (RANK, WORLD_SIZE, ...) is set at the start of
-        # every cell, reused group or not: cpmatrix.remote.cellenv.
+        # every cell, reused group or not: cpmatrix.worker.cellenv.
         dist.init_process_group(
             backend=self.backend,
             store=dist.PrefixStore(  # type: ignore[attr-defined]  # public, not in stubs

@@ -14,8 +14,8 @@ import dataclasses
 import sys
 from typing import Any
 
-from cpmatrix.remote.protocol import ERROR, Outcome, PeerReport, report_key
 from cpmatrix.result import SHARED_CHECK, STATE_CHECK
+from cpmatrix.worker.protocol import ERROR, Outcome, PeerReport, report_key
 
 __all__ = ["blame_state", "exchange"]
 
@@ -27,7 +27,7 @@ def exchange(store: Any, index: int, rank: int, size: int, timeout_s: float,
 
     ``mine``: this rank's status (``ok``, ``error`` or ``recycle``: the process state
     cannot be restored) and what it did to its groups
-    (:meth:`cpmatrix.remote.hygiene.GroupLedger.after_case`). All the cell's ranks read
+    (:meth:`cpmatrix.worker.hygiene.GroupLedger.after_case`). All the cell's ranks read
     the same keys, so they take the same decisions.
 
     Uses the rendezvous TCPStore, never a collective: a collective here could be

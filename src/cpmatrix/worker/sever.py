@@ -33,7 +33,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cpmatrix.remote.protocol import cut_key, done_key
+from cpmatrix.worker.protocol import cut_key, done_key
 
 __all__ = ["CUT_OFF", "Armed", "arm", "armed", "cut_by_peer", "cut_key", "cut_peers",
            "disarm", "done", "done_key", "peers_done", "was_cut"]

@@ -2,8 +2,8 @@
 
 Both sides build every path here, never by hand: the supervisor
 (:mod:`cpmatrix.run.executors.world`, :mod:`~cpmatrix.run.executors.compile`) and the
-children (:mod:`cpmatrix.remote.world_main`, :mod:`~cpmatrix.remote.forkrun`,
-:mod:`~cpmatrix.remote.compile_main`). Standard library only.
+children (:mod:`cpmatrix.worker.world_main`, :mod:`~cpmatrix.worker.forkrun`,
+:mod:`~cpmatrix.worker.compile_main`). Standard library only.
 
 A world's folder (:class:`WorldFolder`, ``<out>/worlds/<world>``)::
 
@@ -98,7 +98,7 @@ class WorldFolder(_JobFolder):
 
     @property
     def world_file(self) -> Path:
-        """The job file (:class:`~cpmatrix.remote.protocol.records.WorldSpec`)."""
+        """The job file (:class:`~cpmatrix.worker.protocol.records.WorldSpec`)."""
         return self.path / "world.json"
 
     @property
@@ -113,7 +113,7 @@ class WorldFolder(_JobFolder):
 
     @property
     def root_cause(self) -> Path:
-        """The fork launcher's :class:`~cpmatrix.remote.protocol.records.RootCause`."""
+        """The fork launcher's :class:`~cpmatrix.worker.protocol.records.RootCause`."""
         return self.path / "root_cause.json"
 
     @property
@@ -123,11 +123,11 @@ class WorldFolder(_JobFolder):
         return self.path / "dump.request"
 
     def pid_file(self, rank: int) -> Path:
-        """World rank ``rank``'s :class:`~cpmatrix.remote.protocol.records.PidFile`."""
+        """World rank ``rank``'s :class:`~cpmatrix.worker.protocol.records.PidFile`."""
         return self.path / f"rank{rank}.pid"
 
     def left_file(self, rank: int) -> Path:
-        """World rank ``rank``'s :class:`~cpmatrix.remote.protocol.records.RankLeft`."""
+        """World rank ``rank``'s :class:`~cpmatrix.worker.protocol.records.RankLeft`."""
         return self.path / f"rank{rank}.left"
 
     def rank_log(self, rank: int) -> Path:
@@ -189,7 +189,7 @@ class CompileFolder(_JobFolder):
 
     @property
     def job_file(self) -> Path:
-        """The job file (:class:`~cpmatrix.remote.protocol.records.CompileJob`)."""
+        """The job file (:class:`~cpmatrix.worker.protocol.records.CompileJob`)."""
         return self.path / "job.json"
 
     @property

@@ -1,10 +1,10 @@
 """Runs spill cells in a process of their own (Triton's compiler is not thread-safe and
 must not see ``TRITON_INTERPRET``). Standard library + :mod:`cpmatrix.spill` only.
 
-    python -m cpmatrix.remote.compile_main JOB.json
+    python -m cpmatrix.worker.compile_main JOB.json
 
-``JOB.json`` is a :class:`~cpmatrix.remote.protocol.CompileJob`; for each cell it writes
-the same typed markers a world's rank 0 does (:mod:`cpmatrix.remote.protocol`): a start
+``JOB.json`` is a :class:`~cpmatrix.worker.protocol.CompileJob`; for each cell it writes
+the same typed markers a world's rank 0 does (:mod:`cpmatrix.worker.protocol`): a start
 marker, then an outcome with the verdict and the measured numbers.
 """
 
@@ -17,9 +17,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cpmatrix.remote.observe import ReadObserver
-from cpmatrix.remote.procs import set_parent_death_signal
-from cpmatrix.remote.protocol import (
+from cpmatrix.spill import SpillError, compile_and_measure, spec_for_cell
+from cpmatrix.worker.observe import ReadObserver
+from cpmatrix.worker.procs import set_parent_death_signal
+from cpmatrix.worker.protocol import (
     DONE,
     ERROR,
     OK,
@@ -31,14 +32,13 @@ from cpmatrix.remote.protocol import (
     read_typed,
     write_typed,
 )
-from cpmatrix.spill import SpillError, compile_and_measure, spec_for_cell
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     job = read_typed(args[0], CompileJob) if len(args) == 1 else None
     if job is None:
-        print("usage: python -m cpmatrix.remote.compile_main JOB.json (a CompileJob)",
+        print("usage: python -m cpmatrix.worker.compile_main JOB.json (a CompileJob)",
               file=sys.stderr)
         return 2
     set_parent_death_signal()

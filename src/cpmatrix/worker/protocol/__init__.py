@@ -2,15 +2,15 @@
 
 Both sides import it, and neither spells a file name, store key or status word by hand
 (``tests/unit/test_protocol.py`` fails if one does). Standard library only: the worker
-side (:mod:`~cpmatrix.remote.world_main`, :mod:`~cpmatrix.remote.forkrun`,
-:mod:`~cpmatrix.remote.compile_main`) imports it at start-up.
+side (:mod:`~cpmatrix.worker.world_main`, :mod:`~cpmatrix.worker.forkrun`,
+:mod:`~cpmatrix.worker.compile_main`) imports it at start-up.
 
-- :mod:`~cpmatrix.remote.protocol.records`: the typed files (job files, start markers,
+- :mod:`~cpmatrix.worker.protocol.records`: the typed files (job files, start markers,
   outcomes, pid and left files, the fork launcher's root cause), written atomically and
   read back as their type or not at all;
-- :mod:`~cpmatrix.remote.protocol.folders`: where each file lives (a world's folder, a
+- :mod:`~cpmatrix.worker.protocol.folders`: where each file lives (a world's folder, a
   compile job's, a cell's files);
-- :mod:`~cpmatrix.remote.protocol.store`: the keys and words a cell's ranks exchange
+- :mod:`~cpmatrix.worker.protocol.store`: the keys and words a cell's ranks exchange
   through the launcher's store (the agreement before a cell, the reports after it).
 
 Example::
@@ -23,7 +23,7 @@ Example::
 
 from __future__ import annotations
 
-from cpmatrix.remote.protocol.folders import (
+from cpmatrix.worker.protocol.folders import (
     DONE,
     START,
     CompileFolder,
@@ -32,7 +32,7 @@ from cpmatrix.remote.protocol.folders import (
     marker_name,
     parse_marker_name,
 )
-from cpmatrix.remote.protocol.records import (
+from cpmatrix.worker.protocol.records import (
     ERROR,
     OK,
     CellSpec,
@@ -47,7 +47,7 @@ from cpmatrix.remote.protocol.records import (
     read_typed,
     write_typed,
 )
-from cpmatrix.remote.protocol.store import (
+from cpmatrix.worker.protocol.store import (
     RECYCLE,
     PeerReport,
     PeerStatus,

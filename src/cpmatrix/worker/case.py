@@ -1,6 +1,6 @@
 """One cell's case on one rank: seed, mesh, context, the case itself, and its outcome.
 
-Runs inside the ranks (:mod:`cpmatrix.remote.world_main` calls :func:`run_cell` for each
+Runs inside the ranks (:mod:`cpmatrix.worker.world_main` calls :func:`run_cell` for each
 cell, in the cell's environment and isolation). Imports only the standard library, torch
 (when a cell runs) and the worker-side part of cpmatrix.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix.cell import MESH_DIMS, TORCH_DTYPES, CellContext, seed_for
-from cpmatrix.remote.forks import leave_if_child
-from cpmatrix.remote.hygiene import GroupLedger
-from cpmatrix.remote.protocol import ERROR, OK, CellSpec, Outcome, WorldSpec
+from cpmatrix.worker.forks import leave_if_child
+from cpmatrix.worker.hygiene import GroupLedger
+from cpmatrix.worker.protocol import ERROR, OK, CellSpec, Outcome, WorldSpec
 
 __all__ = ["CaseModuleMismatch", "run_cell"]
 
@@ -80,7 +80,7 @@ def run_cell(
     cell's own mesh brought are the cell's to use, not the case's to make).
 
     Only this process returns from here: a child the case forked that comes back out of
-    the case ends inside (:func:`cpmatrix.remote.forks.leave_if_child`).
+    the case ends inside (:func:`cpmatrix.worker.forks.leave_if_child`).
     """
     import torch
     from torch.distributed.device_mesh import init_device_mesh

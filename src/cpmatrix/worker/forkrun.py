@@ -2,10 +2,10 @@
 
 Usage (the supervisor builds this command, in place of ``torch.distributed.run``)::
 
-    python -m cpmatrix.remote.forkrun --nproc-per-node=4 --master-port=29500 \\
-        --root-cause-file=W/root_cause.json -m cpmatrix.remote.world_main W/world.json
+    python -m cpmatrix.worker.forkrun --nproc-per-node=4 --master-port=29500 \\
+        --root-cause-file=W/root_cause.json -m cpmatrix.worker.world_main W/world.json
 
-``python -m cpmatrix.remote.forkrun --adopt`` is a *spare*: it imports what every world
+``python -m cpmatrix.worker.forkrun --adopt`` is a *spare*: it imports what every world
 needs, then reads its world's command (arguments, environment, folder, log) as one JSON
 line on stdin and goes on as above (:mod:`cpmatrix.run.executors.spare`).
 
@@ -14,7 +14,7 @@ module, then forks one child per rank. Each child gets torchrun's variables (``R
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...) and calls the target
 module's ``main(argv)``. The parent then hosts the rendezvous store (as torchrun's agent
 does) and watches the ranks: the first rank that fails is written as a typed
-:class:`~cpmatrix.remote.protocol.RootCause` (``--root-cause-file``, what the supervisor
+:class:`~cpmatrix.worker.protocol.RootCause` (``--root-cause-file``, what the supervisor
 reads) and named in a torchrun-style "Root Cause" block in the launcher's log (for
 people), and the others are killed.
 
@@ -46,8 +46,8 @@ import time
 import traceback
 from typing import Any
 
-from cpmatrix.remote.procs import set_parent_death_signal
-from cpmatrix.remote.protocol import RootCause, write_typed
+from cpmatrix.worker.procs import set_parent_death_signal
+from cpmatrix.worker.protocol import RootCause, write_typed
 
 #: Modules every rank needs; importing them before the fork is the point of the launcher.
 #: ``torch._dynamo`` is imported lazily by DTensor's first operation (its dispatch is
@@ -58,7 +58,7 @@ _PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh",
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m cpmatrix.remote.forkrun")
+    ap = argparse.ArgumentParser(prog="python -m cpmatrix.worker.forkrun")
     ap.add_argument("--nproc-per-node", dest="nproc", type=int, required=True)
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, required=True)

@@ -11,10 +11,10 @@ restores what differs and reports what it cannot restore.
 
 The table is :func:`settings`; docs/running.md lists it (a unit test keeps the two in
 step). What lives elsewhere, with the same promise: the per-cell environment, working
-folder, ``HOME`` and ``TMPDIR`` (:mod:`cpmatrix.remote.cellenv`, set at each cell's
+folder, ``HOME`` and ``TMPDIR`` (:mod:`cpmatrix.worker.cellenv`, set at each cell's
 start), module namespaces, classes and ``sys.modules``
-(:mod:`cpmatrix.remote.namespaces`), child processes and threads
-(:mod:`cpmatrix.remote.isolation`), process groups (:mod:`cpmatrix.remote.hygiene`), and
+(:mod:`cpmatrix.worker.namespaces`), child processes and threads
+(:mod:`cpmatrix.worker.isolation`), process groups (:mod:`cpmatrix.worker.hygiene`), and
 the RNGs (python, numpy, torch and every cuda device: reseeded from the cell id before
 each cell).
 
@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cpmatrix.remote.torch_flags import torch_flags
+from cpmatrix.worker.torch_flags import torch_flags
 
 __all__ = ["Inventory", "Setting", "numpy_settings", "python_settings", "settings",
            "torch_settings"]

@@ -30,7 +30,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from cpmatrix.remote.protocol import WorldFolder
+from cpmatrix.worker.protocol import WorldFolder
 
 __all__ = ["leave_if_child", "strays"]
 

@@ -32,7 +32,7 @@ methods of torch's ``ProcessGroup`` and backend classes (``send``, ``recv``,
 ``recv_anysource``: every ``dist.send/recv/isend/irecv/batch_isend_irecv/P2POp`` goes
 through them) with a counter of (peer, tag) per group: one Python call per operation.
 The wrappers are in place before the first cell, so the namespace watch
-(:mod:`cpmatrix.remote.namespaces`) holds them as torch's own.
+(:mod:`cpmatrix.worker.namespaces`) holds them as torch's own.
 
 Imports only the standard library at import time; torch is imported by the ledger.
 

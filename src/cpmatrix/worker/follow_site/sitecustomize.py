@@ -1,5 +1,5 @@
 """Put first on ``PYTHONPATH`` of a cell's children: a Python child observes its own
-reads for the cell (:func:`cpmatrix.remote.observe.child_main`), then the interpreter's
+reads for the cell (:func:`cpmatrix.worker.observe.child_main`), then the interpreter's
 own ``sitecustomize`` (the next one on ``sys.path``), if any, runs as it would have."""
 
 import importlib.machinery
@@ -10,7 +10,7 @@ import sys
 
 def _follow() -> None:
     try:
-        from cpmatrix.remote.observe import child_main
+        from cpmatrix.worker.observe import child_main
     except Exception:  # no cpmatrix here (or another Python): the start stays unanswered
         return
     child_main()

@@ -1,7 +1,7 @@
 """The meshes and groups a rank keeps between cells, and how they are let go (in the ranks).
 
 A rank caches each cell's ``DeviceMesh`` by shape while every cell on it passed and left
-its groups clean (:mod:`cpmatrix.remote.hygiene`); these helpers destroy a mesh's groups,
+its groups clean (:mod:`cpmatrix.worker.hygiene`); these helpers destroy a mesh's groups,
 any group by name, and DTensor's caches that would otherwise still resolve destroyed
 groups. Imports only the standard library at import time; torch inside the functions.
 

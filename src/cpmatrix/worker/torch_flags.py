@@ -14,7 +14,7 @@ every get/set pair torch has (runs in the ranks, when the inventory is built):
 - ``torch.backends.<name>``: module functions ``get_X``/``set_X`` (``mha``'s fast path)
   and the flags its module object exposes as properties (``cudnn.benchmark``, ...).
 
-Each pair becomes a restored setting of the inventory (:mod:`cpmatrix.remote.inventory`),
+Each pair becomes a restored setting of the inventory (:mod:`cpmatrix.worker.inventory`),
 unless :data:`EXCLUDED` names it with why (the hand table covers it, it takes an
 argument, it is deprecated, it has no getter). ``tests/unit/test_torch_flags.py`` scans
 the installed torch on its own and fails on a pair that is neither, so a new torch

@@ -6,20 +6,20 @@ world starts, and after every cell puts back what it can and reports what it can
 (the cell fails with check ``process_state`` and its ranks run no more cells: the cells
 after it rerun in a fresh world). What it covers is an inventory, not a guess:
 
-- the table of process-wide settings (:mod:`cpmatrix.remote.inventory`: torch's modes,
+- the table of process-wide settings (:mod:`cpmatrix.worker.inventory`: torch's modes,
   dtypes, flags, autocast, threads, flush-denormal; numpy's error state; the
   interpreter's recursion limit, signal handlers, warnings filters, hooks, ...);
-- module namespaces, classes and ``sys.modules`` (:mod:`cpmatrix.remote.namespaces`);
+- module namespaces, classes and ``sys.modules`` (:mod:`cpmatrix.worker.namespaces`);
 - child processes the cell left: ended (SIGKILL, reaped) when the cell ends; a forked
   child that came back out of the case into cpmatrix fails the cell
-  (:mod:`cpmatrix.remote.forks`);
+  (:mod:`cpmatrix.worker.forks`);
 - threads the cell started and left running (not daemon threads): detected; a thread
   cannot be stopped from outside;
 - ``faulthandler`` (cpmatrix's own crash reporter): re-enabled on the rank's log.
 
 The per-cell environment, working folder, ``HOME`` and ``TMPDIR`` are set at the start of
-each cell (:mod:`cpmatrix.remote.cellenv`), process groups are checked by
-:mod:`cpmatrix.remote.hygiene`, and the RNGs are reseeded from the cell id before each
+each cell (:mod:`cpmatrix.worker.cellenv`), process groups are checked by
+:mod:`cpmatrix.worker.hygiene`, and the RNGs are reseeded from the cell id before each
 cell.
 
 Imports only the standard library at import time; torch is imported by the worker.
@@ -42,10 +42,10 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from cpmatrix.remote.forks import strays
-from cpmatrix.remote.inventory import Inventory, settings
-from cpmatrix.remote.namespaces import NamespaceWatch
-from cpmatrix.remote.procs import children, descendants, kill_all, reap_orphans
+from cpmatrix.worker.forks import strays
+from cpmatrix.worker.inventory import Inventory, settings
+from cpmatrix.worker.namespaces import NamespaceWatch
+from cpmatrix.worker.procs import children, descendants, kill_all, reap_orphans
 
 __all__ = ["CellIsolation", "end_children"]
 

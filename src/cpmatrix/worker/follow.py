@@ -65,7 +65,7 @@ FOLLOW_ENV = "CPMATRIX_FOLLOW"
 #: The observer's ``skip`` folders, as JSON, for the children.
 SKIP_ENV = "CPMATRIX_FOLLOW_SKIP"
 #: The folder whose ``sitecustomize`` installs the observer in a Python child.
-SITE_DIR = str(PACKAGE_DIR / "remote" / "follow_site")
+SITE_DIR = str(PACKAGE_DIR / "worker" / "follow_site")
 #: The signature prefix of an unobservable start: ``?`` + why (never a content hash).
 UNOBSERVED = "?"
 #: The signature of a path whose content changed while the cell depended on it.
