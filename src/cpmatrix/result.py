@@ -141,7 +141,7 @@ class Result:
     out_dir: str = ""
     #: The mutant switched on for this run, if any.
     mutant: str = ""
-    #: The sources the result was produced from (:mod:`cpmatrix.run.provenance`):
+    #: The sources the result was produced from (:mod:`cpmatrix.cache.provenance`):
     #: ``digest`` (the cell's), ``matrix``, ``cpmatrix``, ``commit``. Empty in reports
     #: of cpmatrix versions before it.
     source: dict[str, str] = field(default_factory=dict)

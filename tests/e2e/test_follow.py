@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.run.cache import ReadHashes, merge_reads
+from cpmatrix.cache.key import ReadHashes, merge_reads
 from cpmatrix.worker import follow
 from cpmatrix.worker.follow import UNOBSERVED, merge_signatures
 from cpmatrix.worker.observe import ReadObserver, signature

@@ -29,6 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix.worker", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank",
      "cpmatrix.pytest_front.preload"),
     ("cpmatrix.report",),
+    # The run's stages below the supervisor: the result cache and the placement of cells.
+    ("cpmatrix.cache", "cpmatrix.plan"),
     ("cpmatrix.run",),
     # ... and the plugin, its controller and collector on top of the run they call.
     ("cpmatrix.pytest_front",),

@@ -26,7 +26,7 @@ LAYOUT_NAMES = frozenset({layout.MARKER, layout.LOCK, layout.REPORT_XML, layout.
 #: Spellings inside a longer string: a path ending in one of the names, a world's JUnit.
 PIECES = (".junit.xml", *(f"/{name}" for name in sorted(LAYOUT_NAMES)))
 #: Frozen modules (never edited): what they spell stays.
-FROZEN = {"run/cache.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
+FROZEN = {"cache/key.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
           "parity/tolerance.py", "gate/_checks.py"}
 
 

@@ -1,4 +1,4 @@
-"""The packing of a world's cells onto its ranks (run/packing.py), and the agreement its
+"""The packing of a world's cells onto its ranks (plan/packing.py), and the agreement its
 ranks reach before each cell (worker/subworld.py).
 
 The properties a world relies on, for any cells: no rank runs two cells at once in the
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpmatrix.run.packing import Packing, PackSpec, pack
+from cpmatrix.plan.packing import Packing, PackSpec, pack
 from cpmatrix.worker.subworld import SubWorld
 
 

@@ -7,8 +7,9 @@ import doctest
 
 import pytest
 
+from cpmatrix.plan import balance
 from cpmatrix.report import merge
-from cpmatrix.run import balance, sharding, slurm
+from cpmatrix.run import sharding, slurm
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.settings import SlurmSettings

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from junitparser import JUnitXml
 
+from cpmatrix.cache.key import ResultCache
 from cpmatrix.cli import main
 from cpmatrix.errors import SpecError
 from cpmatrix.gate import gate_main, load_policies
 from cpmatrix.report import read_report
 from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.cache import ResultCache
 from matrix_files import HEAD, write_matrix
 
 

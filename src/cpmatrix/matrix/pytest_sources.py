@@ -5,7 +5,7 @@ file's folder and every folder above it up to the rootdir), the rootdir's ini fi
 the project's own modules the file imports, transitively. Those are found by reading
 ``import`` statements (nothing is imported here) and looking each name up under the
 project's folders: the rootdir and the folders of ``sys.path`` inside it. Installed
-packages are not sources: the interpreter's identity covers them (``run/toolchain.py``).
+packages are not sources: the interpreter's identity covers them (``cache/toolchain.py``).
 
 Example::
 

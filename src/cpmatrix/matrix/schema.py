@@ -211,7 +211,7 @@ class Mesh:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RemoteCacheSetting:
     """A matrix's committed ``remote_cache:`` (the URL is checked when a run uses it,
-    by :mod:`cpmatrix.run.remote_cache`; errors name ``file:line:column``)."""
+    by :mod:`cpmatrix.cache.http`; errors name ``file:line:column``)."""
 
     url: str
     read_only: bool = False

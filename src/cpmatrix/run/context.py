@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cpmatrix.defaults import LAUNCHER
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.settings import FaultTimings, Launcher
 
@@ -59,7 +59,7 @@ class RunContext:
     compile_cache: Path | None = None
     #: The environment the hermetic allow-list is read from.
     source_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    #: Per cell id, the source identity its results carry (:mod:`cpmatrix.run.provenance`).
+    #: Per cell id, the source identity its results carry (:mod:`cpmatrix.cache.provenance`).
     sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: ``--order`` as given (``random:SEED`` with its seed), "" for the planner's own.
     order: str = ""

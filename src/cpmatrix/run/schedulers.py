@@ -27,10 +27,10 @@ from typing import Final, Protocol
 
 from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.run.devices import visible_cuda_devices
+from cpmatrix.plan.batches import Batch, slot_plan
+from cpmatrix.plan.devices import visible_cuda_devices
 from cpmatrix.run.executors import Executor, Job
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.plan import Batch, slot_plan
 from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.session import JobPool
 from cpmatrix.run.settings import SchedulerName

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.plan.batches import DevicePool
+from cpmatrix.plan.packing import Packing
 from cpmatrix.report.history import CellHistory, load_run_history, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
@@ -38,8 +40,6 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors import Executor, Job, plan_all
 from cpmatrix.run.outcome import RunReport
-from cpmatrix.run.packing import Packing
-from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.run.stopping import Stopper, StopRequested
@@ -100,7 +100,7 @@ class Known:
     store: Callable[[Cell, Result], str] | None = None
     mutants: Mapping[str, Sequence[str]] | None = None
     #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
-    #: visible, see :func:`cpmatrix.run.plan.fit_to_devices`): reported ``skipped``.
+    #: visible, see :func:`cpmatrix.plan.batches.fit_to_devices`): reported ``skipped``.
     skipped: Sequence[tuple[Cell, str]] = ()
     #: The run's recorded histories (:meth:`cpmatrix.run.sharding.Recorded.merged`), which
     #: this run's history starts from; None: ``out``'s own, read here. (What the worlds

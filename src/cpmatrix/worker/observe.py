@@ -9,7 +9,7 @@ the cell's **observed set**: every file and folder the cell depended on, each wi
 *signature* (:func:`signature`: kind, size, mtime, ctime and inode as the rank saw them).
 The supervisor hashes each one (checking the signature first, so a file edited while the
 run read it is never stored as what ran) and stores the hashes in the cache entry;
-a lookup re-hashes them, and any change reruns the cell (:mod:`cpmatrix.run.cache`).
+a lookup re-hashes them, and any change reruns the cell (:mod:`cpmatrix.cache.key`).
 
 What is observed:
 

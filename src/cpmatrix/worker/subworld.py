@@ -1,7 +1,7 @@
 """One launched world, many cells at once: each cell's process group is its own.
 
 A world is launched with as many ranks as its plan needs (one world per platform; the
-plan is :mod:`cpmatrix.run.packing`'s). Cell ``i`` runs on the world ranks
+plan is :mod:`cpmatrix.plan.packing`'s). Cell ``i`` runs on the world ranks
 ``placement[i]`` in a default process group of exactly those ranks, numbered
 ``0..k-1`` in that order, so a case sees what it would see in a world of its own size:
 ``dist.get_world_size() == k``, ``dist.get_rank()`` its rank in the cell, a mesh over

@@ -18,7 +18,7 @@ after it. What the ranks say to each other goes through the launcher's store, in
 protocol's words too (:mod:`cpmatrix.worker.protocol.store`).
 
 Each rank runs the cells placed on it (``WorldSpec.placement``, planned by
-:mod:`cpmatrix.run.packing`) in the world file's order, each in a process group of the
+:mod:`cpmatrix.plan.packing`) in the world file's order, each in a process group of the
 cell's own ranks (:mod:`cpmatrix.worker.subworld`) and, from its first instruction, in the
 environment of a world of its own size: rank variables, working folder, ``HOME``,
 ``TMPDIR`` (:mod:`cpmatrix.worker.cellenv`). After each cell the process state is

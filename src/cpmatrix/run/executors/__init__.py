@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from cpmatrix.matrix.schema import Cell
+from cpmatrix.plan.batches import Batch
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.executors.compile import CompileExecutor
 from cpmatrix.run.executors.pytest_world import PytestExecutor
 from cpmatrix.run.executors.world_executor import WorldExecutor
-from cpmatrix.run.packing import PackSpec
-from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["EXECUTORS", "Executor", "Job", "executor_for", "plan_all"]

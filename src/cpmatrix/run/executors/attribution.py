@@ -23,9 +23,9 @@ import signal
 from collections.abc import Sequence
 from typing import Any, Final
 
+from cpmatrix.cache.key import merge_reads
 from cpmatrix.fsutil import read_segment
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.cache import merge_reads
 from cpmatrix.run.entry import Entry
 from cpmatrix.worker.protocol import Outcome, RootCause, WorldFolder, read_typed
 

@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.plan.batches import Batch
+from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.packing import Packing, PackSpec
-from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["Executor", "Job"]

@@ -26,13 +26,13 @@ from typing import Any
 from cpmatrix.fsutil import tail_lines
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.plan.batches import Batch, expected_s
+from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress
 from cpmatrix.run.executors.world import cell_spec
-from cpmatrix.run.packing import Packing, PackSpec
-from cpmatrix.run.plan import Batch, expected_s
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.settings import PlanSettings

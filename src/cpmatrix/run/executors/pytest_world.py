@@ -28,13 +28,13 @@ from dataclasses import replace
 from cpmatrix.matrix.pytest_records import judged_cell
 from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.plan.batches import Batch
+from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.executors.world_executor import WorldExecutor
-from cpmatrix.run.packing import Packing, PackSpec
-from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 from cpmatrix.worker.protocol import CellSpec
 

@@ -1,7 +1,7 @@
 """A world job: one launch of ranks running parity and property cells, watched.
 
 A :class:`WorldRun` is one launch (fork launcher or torchrun) of some cells, packed onto
-its ranks (:mod:`cpmatrix.run.packing`: cells on disjoint ranks run at once, each in a
+its ranks (:mod:`cpmatrix.plan.packing`: cells on disjoint ranks run at once, each in a
 process group of its own ranks). It is polled; it never blocks. It reads the ranks'
 typed start markers and outcomes (:mod:`cpmatrix.worker.protocol`, ranks counted in the
 cell), watches the rank pids (world ranks), and decides, per cell in flight:
@@ -36,6 +36,8 @@ from pathlib import Path
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_segment, tail_lines
 from cpmatrix.layout import RunLayout, cell_output_log, cell_stacks, work_folder
 from cpmatrix.matrix.schema import Platform
+from cpmatrix.plan.batches import expected_s
+from cpmatrix.plan.packing import Packing
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
@@ -55,8 +57,6 @@ from cpmatrix.run.executors.launch import (
     pid_state,
 )
 from cpmatrix.run.executors.spare import world_env
-from cpmatrix.run.packing import Packing
-from cpmatrix.run.plan import expected_s
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.worker.protocol import (
     CellSpec,

@@ -1,7 +1,7 @@
 """The world executor: parity and property cells in worlds of ranks, one per platform.
 
-It plans a platform's cells into worlds (:func:`cpmatrix.run.plan.plan_batches`), each
-packed onto its ranks (:mod:`cpmatrix.run.packing`), says how many GPUs a world holds,
+It plans a platform's cells into worlds (:func:`cpmatrix.plan.batches.plan_batches`), each
+packed onto its ranks (:mod:`cpmatrix.plan.packing`), says how many GPUs a world holds,
 and makes the :class:`~cpmatrix.run.executors.world.WorldRun` job that runs one.
 
 Example::
@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.plan.batches import Batch, plan_batches
+from cpmatrix.plan.packing import Packing, PackSpec, rank_span
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.world import WorldRun
-from cpmatrix.run.packing import Packing, PackSpec, rank_span
-from cpmatrix.run.plan import Batch, plan_batches
 from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["WorldExecutor"]

@@ -125,7 +125,7 @@ class LocalMachine:
 
     ``memo``: a folder where torch's CPU capability is remembered per toolchain and CPU
     (it costs an ``import torch``); ``toolchain``: the interpreter's identity
-    (:mod:`cpmatrix.run.toolchain`), part of that memo's name.
+    (:mod:`cpmatrix.cache.toolchain`), part of that memo's name.
     """
 
     def __init__(self, python: str, *, memo: Path | None = None,

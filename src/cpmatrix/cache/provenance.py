@@ -2,7 +2,7 @@
 
 A run's **source** is what its verdicts were computed from:
 
-- per cell, the **source digest** (:meth:`cpmatrix.run.cache.ActionKeys.source_digest`):
+- per cell, the **source digest** (:meth:`cpmatrix.cache.key.ActionKeys.source_digest`):
   the cell digest (spec, case module, platform), the sources of the project-local modules
   the case imports, and cpmatrix's world-side source;
 - per run, the **matrix digest** (sha256 of the matrix file), cpmatrix's **version**, the
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix import __version__
+from cpmatrix.cache.key import ActionKeys
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.run.cache import ActionKeys
 
 __all__ = [
     "RunSource",

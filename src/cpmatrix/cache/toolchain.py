@@ -13,7 +13,7 @@ other keys.
 **Location independence** (docs/cache.md): the key names no folder of this machine.
 The interpreter is its binary's content, not its path; in ``sys.path`` and in the
 ``.pth`` files, the project's folder and the interpreter's prefix (a venv's folder) are
-written as ``$project`` and ``$prefix`` (:class:`~cpmatrix.run.portable.Anchors`), so
+written as ``$project`` and ``$prefix`` (:class:`~cpmatrix.cache.portable.Anchors`), so
 the same venv layout in another checkout, or on another machine, gives the same key.
 Where those folders lead is checked by content in each cell's observed set.
 
@@ -33,8 +33,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from cpmatrix.cache.portable import Anchors
 from cpmatrix.errors import UsageError
-from cpmatrix.run.portable import Anchors
 
 __all__ = ["Interpreter", "interpreter_identity", "probe_interpreter"]
 

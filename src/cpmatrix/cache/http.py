@@ -5,7 +5,7 @@ an optional instance prefix (the URL's path):
 
 - ``/cas/<sha256>``: a blob, named by the sha256 of its bytes;
 - ``/ac/<key>``: an action result, a real ``ActionResult`` protobuf
-  (:mod:`cpmatrix.run.reapi`) whose output files name blobs in the CAS.
+  (:mod:`cpmatrix.cache.reapi`) whose output files name blobs in the CAS.
 
 An action's outputs go to the CAS first and its ``ActionResult`` last, so a reader never
 meets an entry whose blobs are not there yet. On a hit every blob is checked against
@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from cpmatrix.cache.reapi import ActionResult, Digest, OutputFile
 from cpmatrix.errors import UsageError
-from cpmatrix.run.reapi import ActionResult, Digest, OutputFile
 
 __all__ = ["TOKEN_ENV", "RemoteCache", "RemoteSettings", "RemoteStats"]
 

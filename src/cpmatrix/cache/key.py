@@ -10,9 +10,9 @@ The key has two halves (docs/cache.md says what each covers):
   importing anything; cpmatrix's version and the source of every cpmatrix module that
   runs in a world: the import closure of the world-side entry points), the runner's
   identity (the image id in a container), the interpreter that runs the worlds, its
-  distributions and its site configuration (:mod:`cpmatrix.run.toolchain`), the
+  distributions and its site configuration (:mod:`cpmatrix.cache.toolchain`), the
   environment allow-list and the platform's environment, the mutant, the machine's
-  hardware and stack identity (:mod:`cpmatrix.run.machine`);
+  hardware and stack identity (:mod:`cpmatrix.cache.machine`);
 - the **observed set** (:mod:`cpmatrix.worker.observe`): every file and folder the cell
   read on any rank, outside the standard library and non-editable distributions' RECORDs,
   however it was read (an editable install, ``importlib``, a folder added to
@@ -28,7 +28,7 @@ ignored (and rewritten by the next pass).
 
 The entry (format ``cpmatrix-cache/3``; one JSON file per pre-key, at
 ``root/results/<key[:2]>/<key>.json``; a remote cache stores the same JSON as the
-action's one output, :mod:`cpmatrix.run.cache_layers`)::
+action's one output, :mod:`cpmatrix.cache.layers`)::
 
     {"format": "cpmatrix-cache/3", "key": "<pre-key, 64 hex>", "stored_at": "<UTC>Z",
      "reads": {"$project/cases/ring.py": "sha256:<hex>" | "ls:<hex>" | "py:<hex>" |
@@ -39,7 +39,7 @@ action's one output, :mod:`cpmatrix.run.cache_layers`)::
 ``py:`` the sorted importable names of a folder imports search (``.py``, packages,
 extension modules, ``.pth``), ``absent`` a path the cell looked for and did not find.
 Paths under the project or the interpreter's prefix are written ``$project/...``,
-``$prefix/...`` (:mod:`cpmatrix.run.portable`), checked against this checkout's folders.
+``$prefix/...`` (:mod:`cpmatrix.cache.portable`), checked against this checkout's folders.
 
 Example::
 
@@ -61,12 +61,12 @@ from pathlib import Path
 from typing import Final
 
 from cpmatrix import __version__
+from cpmatrix.cache.portable import NO_ANCHORS, Anchors
 from cpmatrix.digest import ModuleSources, canonical_json
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import PACKAGE_DIR
 from cpmatrix.result import Result, Status
-from cpmatrix.run.portable import NO_ANCHORS, Anchors
 from cpmatrix.worker.follow import UNOBSERVED, merge_signatures
 from cpmatrix.worker.observe import ABSENT, CHANGED, importable, signature
 
@@ -215,7 +215,7 @@ class ActionKeys:
         machine: Mapping[str, str] | None = None,
     ) -> str:
         """The static pre-key: the cell's source digest and where and how it runs,
-        on what machine (:mod:`cpmatrix.run.machine`: ISA flags, GPU, driver, ...)."""
+        on what machine (:mod:`cpmatrix.cache.machine`: ISA flags, GPU, driver, ...)."""
         payload = {
             "source": self.source_digest(cell),
             "runner": dict(runner_identity),
@@ -367,7 +367,7 @@ class ResultCache:
     """First-attempt PASS results by pre-key, each with its observed set's hashes, one JSON
     file each under ``root/results``.
 
-    ``anchors``: the roots its paths are written against (:mod:`cpmatrix.run.portable`),
+    ``anchors``: the roots its paths are written against (:mod:`cpmatrix.cache.portable`),
     so an entry stored from one checkout is checked against another's files.
     """
 

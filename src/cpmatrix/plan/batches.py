@@ -3,7 +3,7 @@
 Cells are grouped by platform: one world per platform, with the ranks of its widest
 cell (or more: ``--world-ranks``, a GPU host's devices); each cell runs on a set of the
 world's ranks in a process group of its own size (see :mod:`cpmatrix.worker.subworld`),
-cells on disjoint ranks at once, as :mod:`cpmatrix.run.packing` places them. Within a
+cells on disjoint ranks at once, as :mod:`cpmatrix.plan.packing` places them. Within a
 world, cells are ordered by size, largest first, then longest-first by the durations
 recorded in earlier runs (else by timeout): the packing's priority. They are then cut
 into batches of ``batch_size`` cells (default: one batch per platform, i.e. one world).
@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.run.balance import balance
-from cpmatrix.run.packing import Packing, PackSpec
+from cpmatrix.plan.balance import balance
+from cpmatrix.plan.packing import Packing, PackSpec
 
 __all__ = ["Batch", "DevicePool", "expected_s", "fit_to_devices", "plan_batches",
            "slot_plan", "world_weights"]

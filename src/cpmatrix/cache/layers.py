@@ -6,13 +6,13 @@ Read local, then remote; write both (docs/cache.md, "Remote cache"):
   (``/ac/<pre-key>``, concurrently; all of them within one deadline, past which the
   remote goes off and the rest are misses). A remote entry is the local entry's JSON, stored as
   the action's one output (:data:`ENTRY_PATH`); its blob is verified against its digest
-  by :class:`~cpmatrix.run.remote_cache.RemoteCache`, then the entry is checked *exactly
-  as a local one* (:meth:`~cpmatrix.run.cache.ResultCache.check`: format, key, cell, a
+  by :class:`~cpmatrix.cache.http.RemoteCache`, then the entry is checked *exactly
+  as a local one* (:meth:`~cpmatrix.cache.key.ResultCache.check`: format, key, cell, a
   pass, and every file of its observed set re-hashed here). Only then is it a hit: it
   is written to the local folder and reported ``cached``, its message and evidence
   naming the remote. Anything else is a miss, counted and noted.
-- **store**: a new pass becomes an entry by :meth:`~cpmatrix.run.cache.ResultCache.entry`
-  (the one rule, :func:`~cpmatrix.run.cache.storable`: a first-attempt pass of an
+- **store**: a new pass becomes an entry by :meth:`~cpmatrix.cache.key.ResultCache.entry`
+  (the one rule, :func:`~cpmatrix.cache.key.storable`: a first-attempt pass of an
   unmutated cell), written locally, then uploaded in the background unless read-only.
   The remote gets exactly the bytes the local folder would hold, never anything else.
 - **finish**: waits for the uploads (at most one deadline, then they are cut) and says
@@ -22,7 +22,7 @@ Read local, then remote; write both (docs/cache.md, "Remote cache"):
   hit's, local or remote, are put back in the cell's folder under a first line naming
   the stored run (not at lookup: the lookup runs before the last run's cell folders
   move to ``previous/``). Evidence
-  only: :meth:`~cpmatrix.run.cache.ResultCache.check` never reads them, and a remote
+  only: :meth:`~cpmatrix.cache.key.ResultCache.check` never reads them, and a remote
   entry's bytes, logs included, are verified against its digest before use.
 
 Which remote (:func:`remote_settings`): ``--remote-cache URL`` wins over the matrix's
@@ -46,14 +46,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from cpmatrix.cache.http import RemoteCache, RemoteSettings
+from cpmatrix.cache.key import ResultCache
+from cpmatrix.cache.settings import CacheSettings
 from cpmatrix.errors import SpecError, UsageError
 from cpmatrix.fsutil import atomic_write_json, atomic_write_text, read_json, read_segment
 from cpmatrix.layout import RunLayout, cell_output_log, cell_output_logs
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.result import Result
-from cpmatrix.run.cache import ResultCache
-from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
-from cpmatrix.run.settings import CacheSettings
 
 __all__ = ["ENTRY_PATH", "CacheLayers", "remote_settings"]
 
