@@ -8,6 +8,7 @@ layer, on an import cycle between modules, and on a module over 500 lines.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,23 +18,28 @@ PACKAGE = SRC / "cpmatrix"
 
 #: Bottom to top. A module may import its own layer and the ones below.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    # The base, with the registry of the module paths spelled as strings (stdlib only).
     ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
      "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.layout", "cpmatrix.defaults",
-     "cpmatrix.__main__"),
-    # With the spec: the pytest front's pure parts (matrix/pytest_*.py: a pytest target's
-    # cells, their sources, the verdict over the ranks' reports, the collector's driver).
-    ("cpmatrix.matrix",),
+     "cpmatrix.__main__", "cpmatrix.kinds.registry"),
+    # With the spec: the pytest kind's pure parts (a pytest target's cells, their sources,
+    # its paths, the verdict over the ranks' reports, the collector's driver).
+    ("cpmatrix.matrix", "cpmatrix.kinds.pytest.spec", "cpmatrix.kinds.pytest.sources",
+     "cpmatrix.kinds.pytest.target_paths", "cpmatrix.kinds.pytest.verdict",
+     "cpmatrix.kinds.pytest.records", "cpmatrix.kinds.pytest.collect"),
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
-    # ... its in-rank runner with the code that runs in the worlds' ranks ...
-    ("cpmatrix.worker", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank",
-     "cpmatrix.pytest_front.preload"),
+    # The code that runs in the worlds' ranks, the pytest kind's rank side with it.
+    ("cpmatrix.worker", "cpmatrix.kinds.pytest.rank", "cpmatrix.kinds.pytest.inrank",
+     "cpmatrix.kinds.pytest.preload"),
     ("cpmatrix.report",),
     # The run's stages below the supervisor: the result cache and the placement of cells.
     ("cpmatrix.cache", "cpmatrix.plan"),
-    ("cpmatrix.run",),
-    # ... and the plugin, its controller and collector on top of the run they call.
-    ("cpmatrix.pytest_front",),
+    # The supervisor, with each kind's executor and job (its registry picks them).
+    ("cpmatrix.run", "cpmatrix.kinds.world", "cpmatrix.kinds.compile",
+     "cpmatrix.kinds.pytest.executor"),
+    # The kinds' fronts: the pytest plugin, its controller and collector, on the run.
+    ("cpmatrix.kinds",),
     ("cpmatrix.gate",),
     ("cpmatrix.cli",),
 )
@@ -86,6 +92,43 @@ def _layer(module: str) -> int:
                 best, depth = i, len(prefix)
     assert best >= 0, f"{module} is on no layer: add it to LAYERS (and docs/architecture.md)"
     return best
+
+
+#: The one module that spells cpmatrix's module paths as strings.
+REGISTRY = PACKAGE / "kinds" / "registry.py"
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """A module's string literals, docstrings left out, each piece of an f-string in."""
+    tree = ast.parse(path.read_text())
+    bare = {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in bare]
+
+
+def _module_paths_spelled(path: Path) -> list[str]:
+    tops = "|".join(sorted(p.stem for p in PACKAGE.iterdir()
+                           if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")))
+    # A whole string that is a module (or its ``module:function``), or one run with -m.
+    module = re.compile(rf"cpmatrix\.(?:{tops})(?:\.\w+)*(?::\w+)?")
+    run = re.compile(rf"-m cpmatrix\.(?:{tops})(?![\w])")
+    return [f"{path.relative_to(SRC)}:{line}: {text!r}" for line, text in _code_strings(path)
+            # A regular expression's escaped dots are dots.
+            for text in [text.replace("\\.", ".")]
+            if module.fullmatch(text) or run.search(text)
+            # or a class named with its module (a traceback's last line).
+            or re.search(rf"cpmatrix\.(?:{tops})(?:\.[a-z_]\w*)*\.[A-Z]\w*", text)]
+
+
+def test_module_paths_are_spelled_in_the_registry_only() -> None:
+    """A module run with ``-m`` or loaded by name is a string no import check follows:
+    all of them are constants of ``kinds/registry.py``, imported wherever used."""
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) if p != REGISTRY
+             for hit in _module_paths_spelled(p)]
+    assert found == [], "module paths spelled outside kinds/registry.py:\n" + "\n".join(found)
+    assert len(_module_paths_spelled(REGISTRY)) >= 10  # the scan reads what it should
 
 
 def test_no_import_runs_back_up_a_layer() -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Mesh, Platform
 from cpmatrix.plan import packing as packing_module
 from cpmatrix.plan.packing import PackSpec, pack
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.runners import get_runner
 from cpmatrix.run.session import JobPool, Known, _plan_session, _Session
 from cpmatrix.run.settings import PlanSettings

@@ -31,8 +31,9 @@ from cpmatrix.worker.protocol import (
 from cpmatrix.worker.subworld import SubWorld
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
-#: The two sides of the protocol.
-SIDES = (SRC / "worker", SRC / "run" / "executors")
+#: The two sides of the protocol (the kinds' executors and jobs with the supervisor's).
+SIDES = (SRC / "worker", SRC / "run" / "executors", SRC / "kinds" / "world",
+         SRC / "kinds" / "compile", SRC / "kinds" / "pytest" / "executor.py")
 
 #: What the protocol spells: a string literal (or an f-string's text) of either side
 #: matching one of these is a spelling by hand.
@@ -78,7 +79,7 @@ def _literals(path: Path) -> list[tuple[int, str]]:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for side in SIDES for p in side.rglob("*.py")
+    return sorted(p for side in SIDES for p in (side.rglob("*.py") if side.is_dir() else [side])
                   if "protocol" not in p.relative_to(SRC).parts)
 
 

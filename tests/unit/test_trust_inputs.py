@@ -209,9 +209,9 @@ def _two_rank_cell() -> tuple[Any, Any]:
 
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
+    from cpmatrix.kinds.world.job import WorldRun
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
-    from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners import get_runner
     from cpmatrix.worker.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
 
@@ -245,9 +245,9 @@ def test_a_world_that_cannot_be_launched_hands_its_cells_back_as_a_failed_start(
     """An OS error launching the world (disk full, no interpreter) is a failed start: the
     session retries it, then fails the cells naming the error. (It used to report the
     cells itself after marking the job finished, and a finished job is never polled.)"""
+    from cpmatrix.kinds.world.job import WorldRun
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
-    from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners.base import Launch
     from cpmatrix.run.runners.local import LocalRunner
 

@@ -411,7 +411,7 @@ def test_an_interpreter_that_cannot_run_is_a_usage_error(tmp_path: Path) -> None
 def test_internal_error_exits_4_and_still_writes_the_report(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cpmatrix import cli
-    from cpmatrix.run.executors import world as supervise
+    from cpmatrix.kinds.world import job as supervise
 
     out = tmp_path / "out"
     out.mkdir()

@@ -64,6 +64,7 @@ from cpmatrix import __version__
 from cpmatrix.cache.portable import NO_ANCHORS, Anchors
 from cpmatrix.digest import ModuleSources, canonical_json
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.kinds.registry import WORKER_ENTRIES
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import PACKAGE_DIR
 from cpmatrix.result import Result, Status
@@ -77,11 +78,6 @@ __all__ = ["FORMAT", "WORKER_ENTRIES", "ActionKeys", "ReadHashes", "ResultCache"
 FORMAT: Final = "cpmatrix-cache/3"
 #: cpmatrix's package folder (``.../cpmatrix``), from a checkout or a wheel alike.
 _PACKAGE_DIR = PACKAGE_DIR
-#: The modules that start cpmatrix's code in a world (a rank, the fork launcher, a
-#: container's watchdog, the spill compiler): everything they import, transitively, runs
-#: there, and a change to any of it changes every result.
-WORKER_ENTRIES: Final = ("cpmatrix.worker.world_main", "cpmatrix.worker.forkrun",
-                         "cpmatrix.worker.watchdog", "cpmatrix.worker.compile_main")
 
 
 def default_cache_dir() -> Path:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from cpmatrix.errors import UsageError
+from cpmatrix.kinds.registry import DISCOVER_MAIN
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.run.executors import executor_for
@@ -34,7 +35,7 @@ def discover_mutants(pythonpath: Sequence[str], cells: Sequence[Cell],
         return {c.id: [""] for c in cells}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((*pythonpath, str(IMPORT_ROOT)))}
     proc = subprocess.run(
-        [python, "-m", "cpmatrix.worker.discover_main", json.dumps(list(pythonpath)),
+        [python, "-m", DISCOVER_MAIN, json.dumps(list(pythonpath)),
          json.dumps(cases)], capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise UsageError(f"could not read declared mutants:\n{proc.stderr[-2000:]}")

@@ -74,9 +74,10 @@ def _device() -> tuple[str | None, str]:
 
 def _parser() -> argparse.ArgumentParser:
     """The command line (``--arch`` takes the archs the spill gate knows)."""
+    from cpmatrix.kinds.registry import SPILL_CROSSCHECK
     from cpmatrix.spill._spec import ARCHS
 
-    p = argparse.ArgumentParser(prog="python -m cpmatrix.spill.crosscheck",
+    p = argparse.ArgumentParser(prog=f"python -m {SPILL_CROSSCHECK}",
                                 description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--matrix", default="matrix/parity.yaml")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only spill cells matching EXPR")

@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cpmatrix.kinds.registry import COMPILE_MAIN
 from cpmatrix.spill import SpillError, compile_and_measure, spec_for_cell
 from cpmatrix.worker.observe import ReadObserver
 from cpmatrix.worker.procs import set_parent_death_signal
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     job = read_typed(args[0], CompileJob) if len(args) == 1 else None
     if job is None:
-        print("usage: python -m cpmatrix.worker.compile_main JOB.json (a CompileJob)",
+        print(f"usage: python -m {COMPILE_MAIN} JOB.json (a CompileJob)",
               file=sys.stderr)
         return 2
     set_parent_death_signal()

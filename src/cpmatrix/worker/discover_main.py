@@ -12,11 +12,13 @@ import importlib
 import json
 import sys
 
+from cpmatrix.kinds.registry import DISCOVER_MAIN
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m cpmatrix.worker.discover_main PYTHONPATH_JSON CASES_JSON",
+        print(f"usage: python -m {DISCOVER_MAIN} PYTHONPATH_JSON CASES_JSON",
               file=sys.stderr)
         return 2
     sys.path[:0] = json.loads(args[0])

@@ -46,6 +46,7 @@ import time
 import traceback
 from typing import Any
 
+from cpmatrix.kinds.registry import FORKRUN
 from cpmatrix.worker.procs import set_parent_death_signal
 from cpmatrix.worker.protocol import RootCause, write_typed
 
@@ -58,7 +59,7 @@ _PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh",
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m cpmatrix.worker.forkrun")
+    ap = argparse.ArgumentParser(prog=f"python -m {FORKRUN}")
     ap.add_argument("--nproc-per-node", dest="nproc", type=int, required=True)
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, required=True)

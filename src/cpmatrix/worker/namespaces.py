@@ -49,11 +49,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpmatrix.kinds.registry import BUNDLED_CASES
+
 __all__ = ["BUNDLED_CASES", "INTERPRETER_RECORDS", "SELF_PATCHING", "NamespaceWatch",
            "version_tags_work"]
 
-#: Bundled case packages inside cpmatrix: reloaded like a project's own cases.
-BUNDLED_CASES = ("cpmatrix.suite", "cpmatrix.recipes")
 #: cpmatrix's own modules: every value is compared, data too (a tolerance table).
 _OWN = "cpmatrix"
 _MISSING: Any = object()

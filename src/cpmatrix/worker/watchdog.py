@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from cpmatrix.kinds.registry import WATCHDOG
 from cpmatrix.worker.procs import (
     WORLD_TOKEN,
     descendants,
@@ -76,13 +77,13 @@ def watch_argv(python: str, pid: int, argv: Sequence[str]) -> list[str]:
     started = start_time(pid)
     if started is None:
         raise ValueError(f"cannot watch process {pid}: it is not running")
-    return [python, "-m", "cpmatrix.worker.watchdog", str(pid), str(started), boot_id(), "--",
+    return [python, "-m", WATCHDOG, str(pid), str(started), boot_id(), "--",
             *argv]
 
 
 def main(args: Sequence[str]) -> int:
     if len(args) < 5 or args[3] != "--":
-        print("usage: python -m cpmatrix.worker.watchdog PID START_TIME BOOT_ID -- COMMAND...",
+        print(f"usage: python -m {WATCHDOG} PID START_TIME BOOT_ID -- COMMAND...",
               file=sys.stderr)
         return 2
     pid, started, argv = int(args[0]), int(args[1]), list(args[4:])
@@ -96,7 +97,7 @@ def main(args: Sequence[str]) -> int:
         if code is not None:
             return code if code >= 0 else 128 - code
         if here and not alive(pid, started):
-            print(f"cpmatrix.worker.watchdog: supervisor {pid} is gone; killing the world",
+            print(f"{WATCHDOG}: supervisor {pid} is gone; killing the world",
                   file=sys.stderr, flush=True)
             token = os.environ.get(WORLD_TOKEN)
             for _ in range(2):  # a second pass for what forked while the first one ran

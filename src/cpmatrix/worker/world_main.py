@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from cpmatrix.kinds.registry import WORLD_MAIN
 from cpmatrix.layout import cell_stacks
 from cpmatrix.worker import sever
 from cpmatrix.worker.case import run_cell
@@ -178,7 +179,7 @@ _PRELOAD_READS: dict[str, str] = {}
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m cpmatrix.worker.world_main WORLD.json", file=sys.stderr)
+        print(f"usage: python -m {WORLD_MAIN} WORLD.json", file=sys.stderr)
         return 2
     world = read_typed(args[0], WorldSpec)
     if world is None:

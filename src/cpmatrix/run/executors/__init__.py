@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from cpmatrix.kinds.compile.executor import CompileExecutor
+from cpmatrix.kinds.pytest.executor import PytestExecutor
+from cpmatrix.kinds.world.executor import WorldExecutor
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.executors.base import Executor, Job
-from cpmatrix.run.executors.compile import CompileExecutor
-from cpmatrix.run.executors.pytest_world import PytestExecutor
-from cpmatrix.run.executors.world_executor import WorldExecutor
 from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["EXECUTORS", "Executor", "Job", "executor_for", "plan_all"]

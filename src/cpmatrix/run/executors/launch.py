@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from cpmatrix.kinds.registry import FORKRUN, WORLD_MAIN
 from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.worker.procs import (
     WORLD_TOKEN,
@@ -63,10 +64,6 @@ TRAMPOLINE = (
 )
 
 
-#: The fork launcher's module (:mod:`cpmatrix.worker.forkrun`).
-FORKRUN = "cpmatrix.worker.forkrun"
-
-
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -93,10 +90,10 @@ def launcher_argv(launcher: str, python: str, ranks: int, port: int,
         record = (f"--root-cause-file={root_cause_file}",
                   f"--run-id={run_id}") if root_cause_file else ()
         return (python, "-m", FORKRUN, *common, *record,
-                "-m", "cpmatrix.worker.world_main", world_file)
+                "-m", WORLD_MAIN, world_file)
     return (python, "-m", "torch.distributed.run", "--nnodes=1", *common,
             "--max-restarts=0", "--monitor-interval=0.1",
-            "-m", "cpmatrix.worker.world_main", world_file)
+            "-m", WORLD_MAIN, world_file)
 
 
 class Child:

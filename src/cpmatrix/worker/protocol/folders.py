@@ -1,7 +1,7 @@
 """Where the protocol's files live: a job's folder, its progress markers, a cell's files.
 
 Both sides build every path here, never by hand: the supervisor
-(:mod:`cpmatrix.run.executors.world`, :mod:`~cpmatrix.run.executors.compile`) and the
+(:mod:`cpmatrix.kinds.world.job`, :mod:`~cpmatrix.kinds.compile.executor`) and the
 children (:mod:`cpmatrix.worker.world_main`, :mod:`~cpmatrix.worker.forkrun`,
 :mod:`~cpmatrix.worker.compile_main`). Standard library only.
 

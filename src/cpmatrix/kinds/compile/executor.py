@@ -24,6 +24,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from cpmatrix.fsutil import tail_lines
+from cpmatrix.kinds.registry import COMPILE_MAIN
+from cpmatrix.kinds.world.job import cell_spec
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import Batch, expected_s
@@ -32,7 +34,6 @@ from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress
-from cpmatrix.run.executors.world import cell_spec
 from cpmatrix.run.runners.base import Launch, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.settings import PlanSettings
@@ -119,7 +120,7 @@ class CompileRun:
                                       WORLD_TOKEN: self.child.token})
             env.pop("TRITON_INTERPRET", None)  # the compiler must see the real backend
             self.child.start(Launch(
-                argv=(ctx.python, "-m", "cpmatrix.worker.compile_main",
+                argv=(ctx.python, "-m", COMPILE_MAIN,
                       str(self.folder.job_file)),
                 env=env, cwd=str(self.folder.path), name=self.name), self.folder.log)
         except OSError as exc:

@@ -1,7 +1,7 @@
 """A pytest session's collected items as the front's records (plugin and collector alike).
 
 :func:`tests_of` splits the items pytest collected into those that run as usual and the
-multi-rank tests (:class:`~cpmatrix.matrix.pytest_spec.PytestTest`, each with the digest of
+multi-rank tests (:class:`~cpmatrix.kinds.pytest.spec.PytestTest`, each with the digest of
 the sources it depends on); :func:`session_of` records how a rank re-creates the session.
 The ``--cpmatrix`` controller and the collector of a ``pytest:`` matrix target both use
 them: the same tests, the same cells.
@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from cpmatrix.matrix.pytest_sources import SourceDigests
-from cpmatrix.matrix.pytest_spec import PytestSession, PytestTest
-from cpmatrix.pytest_front.dialects import DialectError, Placement, placement, timeout_of
+from cpmatrix.kinds.pytest.dialects import DialectError, Placement, placement, timeout_of
+from cpmatrix.kinds.pytest.sources import SourceDigests
+from cpmatrix.kinds.pytest.spec import PytestSession, PytestTest
 
 __all__ = ["session_of", "tests_of"]
 

@@ -1,6 +1,6 @@
 """The reports each rank of a pytest cell left, read back and judged once.
 
-A rank writes ``<out>/<cell folder>/rank<R>/pytest.json`` (:mod:`cpmatrix.pytest_front.rank`):
+A rank writes ``<out>/<cell folder>/rank<R>/pytest.json`` (:mod:`cpmatrix.kinds.pytest.rank`):
 its classified phases, pytest's serialized reports and the warnings recorded. A rank
 that died before writing it, or a file of another shape, reads as no reports at all.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from cpmatrix.fsutil import read_json
+from cpmatrix.kinds.pytest.verdict import PYTEST_CHECK, RankPhase, Verdict, is_own, judge
 from cpmatrix.layout import rank_dir
-from cpmatrix.matrix.pytest_verdict import PYTEST_CHECK, RankPhase, Verdict, is_own, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
 __all__ = ["REPORTS_FILE", "Judged", "cut_off_of", "judged_cell", "judged_result", "judgement",

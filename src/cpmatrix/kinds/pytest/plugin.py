@@ -7,7 +7,7 @@ markers ``world`` and ``isolated_world``, and the fixtures ``rank``, ``world_siz
 the size it asks for (its default group made from torchrun's variables) and is skipped
 otherwise, saying how to run it.
 
-With ``--cpmatrix`` (:class:`~cpmatrix.pytest_front.controller.Controller`): the
+With ``--cpmatrix`` (:class:`~cpmatrix.kinds.pytest.controller.Controller`): the
 multi-rank tests of the run execute in cpmatrix's persistent worlds and every other test
 runs as usual. pytest-xdist's ``-n`` is refused: the worlds already run tests side by
 side.
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cpmatrix.kinds.registry import PYTEST_RANK
 
 __all__ = ["cell", "mesh", "rank", "world_size"]
 
@@ -41,7 +42,7 @@ _TIMEOUT_MARKER = ("timeout(seconds): fail the test when it runs longer (read by
 
 def pytest_addoption(parser: Any) -> None:
     # Here, not at the top: the plugin loads in every pytest run, --cpmatrix or not.
-    from cpmatrix.pytest_front.options import add_front_options
+    from cpmatrix.kinds.pytest.options import add_front_options
 
     add_front_options(parser.getgroup("cpmatrix",
                                       "multi-rank tests in cpmatrix's persistent worlds"))
@@ -80,9 +81,9 @@ _RUNS_NOTHING = ("collectonly", "help", "version", "showfixtures", "show_fixture
 def _controller(config: Any) -> Any:
     from cpmatrix.defaults import TIMEOUT_S
     from cpmatrix.errors import UsageError
-    from cpmatrix.pytest_front.adapter import FrontSettings, platform_for, start_spare
-    from cpmatrix.pytest_front.controller import Controller
-    from cpmatrix.pytest_front.options import FrontOptions
+    from cpmatrix.kinds.pytest.adapter import FrontSettings, platform_for, start_spare
+    from cpmatrix.kinds.pytest.controller import Controller
+    from cpmatrix.kinds.pytest.options import FrontOptions
     from cpmatrix.run.options import RunOptions
     from cpmatrix.run.runners.local import LocalRunner
 
@@ -136,7 +137,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
 # ------------------------------------------------------------------- native runs
 
 def _in_rank() -> bool:
-    rank_module = sys.modules.get("cpmatrix.pytest_front.rank")
+    rank_module = sys.modules.get(PYTEST_RANK)
     return rank_module is not None and getattr(rank_module, "_SESSION", None) is not None
 
 
@@ -156,7 +157,7 @@ def pytest_runtest_setup(item: Any) -> None:
     mark = item.get_closest_marker("world")
     if mark is None or _in_rank():
         return
-    from cpmatrix.pytest_front.dialects import DialectError, placement
+    from cpmatrix.kinds.pytest.dialects import DialectError, placement
 
     try:
         found = placement(item)
@@ -184,7 +185,7 @@ def pytest_runtest_setup(item: Any) -> None:
 def cell(request: Any) -> Any:
     """The test's :class:`cpmatrix.cell.CellContext` (its rank, seed, generator, device,
     folder, ``record``); under torchrun, one made alike."""
-    from cpmatrix.pytest_front.rank import current_cell
+    from cpmatrix.kinds.pytest.rank import current_cell
 
     found = current_cell()
     if found is not None:
@@ -242,9 +243,9 @@ def mesh(request: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     from cpmatrix.cell import MESH_DIMS
+    from cpmatrix.kinds.pytest.dialects import placement
+    from cpmatrix.kinds.pytest.rank import current_cell
     from cpmatrix.matrix.schema import Mesh
-    from cpmatrix.pytest_front.dialects import placement
-    from cpmatrix.pytest_front.rank import current_cell
 
     found = placement(request.node)
     if found is None or not dist.is_initialized():

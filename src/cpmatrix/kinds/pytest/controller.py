@@ -3,10 +3,10 @@
 Registered by the plugin when ``--cpmatrix`` is given, it takes over pytest's run loop
 (``pytest_runtestloop``), as pytest-xdist's controller does:
 
-1. the tests that need no ranks (:func:`~cpmatrix.pytest_front.dialects.placement` is
+1. the tests that need no ranks (:func:`~cpmatrix.kinds.pytest.dialects.placement` is
    None) run here first, one by one, exactly as pytest runs them;
-2. the multi-rank ones become cells (:func:`~cpmatrix.matrix.pytest_spec.cells_for`) and
-   run in persistent worlds (:func:`~cpmatrix.pytest_front.adapter.run_tests`); each is
+2. the multi-rank ones become cells (:func:`~cpmatrix.kinds.pytest.spec.cells_for`) and
+   run in persistent worlds (:func:`~cpmatrix.kinds.pytest.adapter.run_tests`); each is
    reported through pytest's own hooks as its cell finishes
    (``pytest_runtest_logstart``/``logreport``/``logfinish``, the ranks' warnings too).
 
@@ -21,21 +21,20 @@ import signal
 from typing import Any
 
 import pytest
-
 from cpmatrix.errors import UsageError
-from cpmatrix.matrix.pytest_records import judgement
-from cpmatrix.matrix.pytest_spec import PytestTest, cell_test, cells_for
-from cpmatrix.matrix.pytest_verdict import Verdict
-from cpmatrix.matrix.schema import Platform
-from cpmatrix.pytest_front.adapter import FrontSettings, run_tests
-from cpmatrix.pytest_front.collected import session_of, tests_of
-from cpmatrix.pytest_front.exits import SessionExit
-from cpmatrix.pytest_front.reports import (
+from cpmatrix.kinds.pytest.adapter import FrontSettings, run_tests
+from cpmatrix.kinds.pytest.collected import session_of, tests_of
+from cpmatrix.kinds.pytest.exits import SessionExit
+from cpmatrix.kinds.pytest.records import judgement
+from cpmatrix.kinds.pytest.reports import (
     replay_left_state,
     replay_warnings,
     reports_for,
     subreports_for,
 )
+from cpmatrix.kinds.pytest.spec import PytestTest, cell_test, cells_for
+from cpmatrix.kinds.pytest.verdict import Verdict
+from cpmatrix.matrix.schema import Platform
 from cpmatrix.result import Result, Status
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.spare import Spare

@@ -1,6 +1,6 @@
 """What the pytest front knows about a multi-rank test before it runs, and its cells. Pure.
 
-A test that needs several ranks (see :mod:`cpmatrix.pytest_front.dialects`) is recorded as
+A test that needs several ranks (see :mod:`cpmatrix.kinds.pytest.dialects`) is recorded as
 a :class:`PytestTest`, in the user's pytest process (``--cpmatrix``) or in the collector
 of a ``pytest:`` matrix target alike; :func:`cells_for` turns it into one cell per world
 size it asks for. Every cell runs the same case, :data:`CASE`, which runs the test by its
@@ -121,7 +121,7 @@ class PytestTest:
     isolated: bool = False
     #: The names of the test's markers (they become the cells' tags).
     markers: tuple[str, ...] = ()
-    #: sha256 over the sources the test depends on (:mod:`~cpmatrix.matrix.pytest_sources`).
+    #: sha256 over the sources the test depends on (:mod:`~cpmatrix.kinds.pytest.sources`).
     digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:

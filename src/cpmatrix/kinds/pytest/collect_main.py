@@ -1,13 +1,13 @@
 """The collector of a ``pytest:`` matrix target (a subprocess; the tests import torch).
 
-Usage (:mod:`cpmatrix.matrix.pytest_collect` runs it, in the matrix file's folder)::
+Usage (:mod:`cpmatrix.kinds.pytest.collect` runs it, in the matrix file's folder)::
 
-    python -m cpmatrix.pytest_front.collect_main OUT.json -- tests/dist tests/x.py::test_y
+    python -m cpmatrix.kinds.pytest.collect_main OUT.json -- tests/dist tests/x.py::test_y
 
 Collects the tests as ``pytest --collect-only`` would and writes to ``OUT.json`` how a
 rank re-creates the session and every test, multi-rank or not (a test that needs no ranks
 becomes a cell of one rank), with the dialect, worlds, timeout and sources' digest of each
-(:mod:`cpmatrix.pytest_front.collected`). Exit code: pytest's.
+(:mod:`cpmatrix.kinds.pytest.collected`). Exit code: pytest's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 from typing import Any
 
 import pytest
-
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.pytest_front.collected import session_of, tests_of
+from cpmatrix.kinds.pytest.collected import session_of, tests_of
+from cpmatrix.kinds.registry import PYTEST_COLLECTOR
 
 __all__ = ["main"]
 
@@ -39,7 +39,7 @@ class _Collector:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[1] != "--":
-        print("usage: python -m cpmatrix.pytest_front.collect_main OUT.json -- PATH...",
+        print(f"usage: python -m {PYTEST_COLLECTOR} OUT.json -- PATH...",
               file=sys.stderr)
         return 4
     out, paths = args[0], args[2:]

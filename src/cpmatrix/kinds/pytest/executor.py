@@ -1,14 +1,14 @@
 """The executor of ``pytest`` cells: worlds whose ranks each hold a pytest session.
 
-A pytest cell (:mod:`cpmatrix.matrix.pytest_spec`) runs like any world cell, packed onto
-the ranks of a world (:class:`~cpmatrix.run.executors.world.WorldRun`), with two
+A pytest cell (:mod:`cpmatrix.kinds.pytest.spec`) runs like any world cell, packed onto
+the ranks of a world (:class:`~cpmatrix.kinds.world.job.WorldRun`), with two
 differences:
 
 - every rank first builds the pytest session its tests were collected in
-  (``WorldSpec.prepare`` = :func:`cpmatrix.pytest_front.rank.prepare`); tests of different
+  (``WorldSpec.prepare`` = :func:`cpmatrix.kinds.pytest.rank.prepare`); tests of different
   sessions (other rootdirs or command lines) never share a world;
 - each result is judged from the ranks' own pytest reports
-  (:func:`cpmatrix.matrix.pytest_records.judged_cell`): a skip agreed by every rank is
+  (:func:`cpmatrix.kinds.pytest.records.judged_cell`): a skip agreed by every rank is
   ``skipped``, an expected failure ``passed``, a failure carries the failing rank's
   pytest report; the judgement goes on with the result, for the pytest front to replay.
 
@@ -25,16 +25,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from cpmatrix.matrix.pytest_records import judged_cell
-from cpmatrix.matrix.pytest_spec import ISOLATED_TAG, KIND, cell_test
+from cpmatrix.kinds.pytest.records import judged_cell
+from cpmatrix.kinds.pytest.spec import ISOLATED_TAG, KIND, cell_test
+from cpmatrix.kinds.registry import PYTEST_PREPARE
+from cpmatrix.kinds.world.executor import WorldExecutor
+from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result, Status
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.world import WorldRun
-from cpmatrix.run.executors.world_executor import WorldExecutor
 from cpmatrix.run.settings import PlanSettings
 from cpmatrix.worker.protocol import CellSpec
 
@@ -44,7 +45,7 @@ __all__ = ["PytestExecutor", "PytestWorldRun"]
 class PytestWorldRun(WorldRun):
     """A world of pytest cells; each result judged from the ranks' pytest reports."""
 
-    prepare = "cpmatrix.pytest_front.rank:prepare"
+    prepare = PYTEST_PREPARE
 
     def cell_spec(self, entry: Entry) -> CellSpec:
         """The cell with its test (node id, dialect, session) in its params."""

@@ -2,7 +2,7 @@
 
 It plans a platform's cells into worlds (:func:`cpmatrix.plan.batches.plan_batches`), each
 packed onto its ranks (:mod:`cpmatrix.plan.packing`), says how many GPUs a world holds,
-and makes the :class:`~cpmatrix.run.executors.world.WorldRun` job that runs one.
+and makes the :class:`~cpmatrix.kinds.world.job.WorldRun` job that runs one.
 
 Example::
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import Batch, plan_batches
 from cpmatrix.plan.packing import Packing, PackSpec, rank_span
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.world import WorldRun
 from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["WorldExecutor"]

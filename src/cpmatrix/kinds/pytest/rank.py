@@ -3,7 +3,7 @@
 The world file names :func:`prepare` (``WorldSpec.prepare``); each rank calls it before
 its first cell and before the isolation baseline is taken, so the session, the modules it
 imported and the ``sys.path`` it set are every cell's starting state. It re-creates the
-pytest session the tests were collected in (:class:`~cpmatrix.matrix.pytest_spec.PytestSession`:
+pytest session the tests were collected in (:class:`~cpmatrix.kinds.pytest.spec.PytestSession`:
 the same command line, from the same folder, with the same ``sys.path``), minus what
 cannot apply in a rank (reporting, selection, the cache, timeouts and crash handling that
 cpmatrix owns), and collects the files of the tests this rank will run.
@@ -13,7 +13,7 @@ protocol (``pytest_runtest_protocol``: fixtures, markers, skip, xfail, unittest,
 warnings), with the next test this rank runs as ``nextitem`` (so module and session
 fixtures live as long as pytest would keep them). Every report is written, as pytest
 serializes it for pytest-xdist, to ``<cell folder>/rank<R>/pytest.json`` right after it
-is made, with its classification (:class:`~cpmatrix.matrix.pytest_verdict.RankPhase`): a
+is made, with its classification (:class:`~cpmatrix.kinds.pytest.verdict.RankPhase`): a
 rank that dies mid-test leaves the phases it finished. The case raises when the test
 failed on this rank (failed, or failed as expected): the world then stops waiting for the
 other ranks after its grace period, as MultiProcessTestCase does.
@@ -35,8 +35,8 @@ from typing import Any
 
 from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.matrix.pytest_records import REPORTS_FILE
-from cpmatrix.matrix.pytest_spec import KIND, PytestSession
+from cpmatrix.kinds.pytest.records import REPORTS_FILE
+from cpmatrix.kinds.pytest.spec import KIND, PytestSession
 from cpmatrix.worker.protocol import WorldFolder, WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "before_fork", "case", "current_cell",
@@ -119,9 +119,9 @@ def current_cell() -> CellContext | None:
 
 def before_fork(world: WorldSpec, installed: Callable[[str], bool]) -> list[str]:
     """In the fork launcher, before the ranks exist: import the installed modules the
-    world's test files import, once for every rank (:mod:`cpmatrix.pytest_front.preload`);
+    world's test files import, once for every rank (:mod:`cpmatrix.kinds.pytest.preload`);
     ``installed(path)`` tells an installed file. The names imported."""
-    from cpmatrix.pytest_front.preload import preload
+    from cpmatrix.kinds.pytest.preload import preload
 
     cells = [c for c in world.cells if c.kind == KIND]
     if not cells:
@@ -164,7 +164,7 @@ def case(cell: CellContext) -> None:
         errors = "\n".join(state.collect_errors) or "(no collection error was reported)"
         raise SessionError(f"{nodeid}: not collected in the rank's pytest session "
                            f"(the controller collected it):\n{errors}")
-    from cpmatrix.pytest_front.inrank import dialect_of
+    from cpmatrix.kinds.pytest.inrank import dialect_of
 
     _CELL = cell
     try:
@@ -234,10 +234,10 @@ class _RankSession:
                   f"start:\n{self.error}", file=sys.stderr, flush=True)
 
     def _start(self) -> None:
-        import pytest
         from _pytest.config import _prepareconfig
 
-        from cpmatrix.pytest_front.inrank import step_aside_launchers
+        import pytest
+        from cpmatrix.kinds.pytest.inrank import step_aside_launchers
 
         os.chdir(self.spec.dir)
         # The collecting process's sys.path first (pytest imported the tests from there),
@@ -279,8 +279,7 @@ class _RankSession:
             dialect: Any) -> list[dict[str, Any]]:
         """Run ``item`` once; its classified phases (also written to the cell's folder)."""
         import pytest
-
-        from cpmatrix.pytest_front.inrank import in_test
+        from cpmatrix.kinds.pytest.inrank import in_test
 
         out = Path(cell.out_dir) / REPORTS_FILE
         self.plugin.begin(item.nodeid, cell.rank, cell.world_size, out, self.config)
@@ -397,7 +396,7 @@ def _cut_off(report: Any) -> bool:
 
 
 def _classify(report: Any, index: int) -> dict[str, Any]:
-    """A report as a :class:`~cpmatrix.matrix.pytest_verdict.RankPhase` (a dict)."""
+    """A report as a :class:`~cpmatrix.kinds.pytest.verdict.RankPhase` (a dict)."""
     text = report.longreprtext or ""
     wasxfail = hasattr(report, "wasxfail")
     kind = report.outcome

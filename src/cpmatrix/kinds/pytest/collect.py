@@ -1,9 +1,9 @@
 """A ``pytest:`` matrix target's cells: its tests, collected by pytest in a subprocess.
 
 Collecting imports the test modules (torch and its test harness, the project's code), so
-it runs in a child process (:mod:`cpmatrix.pytest_front.collect_main`), in the matrix
+it runs in a child process (:mod:`cpmatrix.kinds.pytest.collect_main`), in the matrix
 file's folder, with the matrix's ``pythonpath``. Every test collected becomes one cell
-per world it asks for (:func:`cpmatrix.matrix.pytest_spec.cells_for`), on each platform
+per world it asks for (:func:`cpmatrix.kinds.pytest.spec.cells_for`), on each platform
 of the target; a test that needs no ranks gets a world of one. A collection that fails,
 or finds nothing, is a spec error at the target's ``pytest:`` line, with pytest's own
 output.
@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 
 from cpmatrix.errors import SpecError
-from cpmatrix.matrix.pytest_spec import PytestSession, PytestTest, cells_for
+from cpmatrix.kinds.pytest.spec import PytestSession, PytestTest, cells_for
+from cpmatrix.kinds.registry import PYTEST_COLLECTOR
 from cpmatrix.matrix.schema import Cell, Matrix, Mesh, Target
 from cpmatrix.paths import IMPORT_ROOT
 
@@ -54,7 +55,7 @@ def collect_target(matrix: Matrix, target: Target, index: int, *,
         out = Path(tmp, "tests.json")
         try:
             proc = subprocess.run(
-                [python, "-m", "cpmatrix.pytest_front.collect_main", str(out), "--",
+                [python, "-m", PYTEST_COLLECTOR, str(out), "--",
                  *target.pytest], cwd=base, env=env, capture_output=True, text=True,
                 timeout=COLLECT_TIMEOUT_S)
         except subprocess.TimeoutExpired:

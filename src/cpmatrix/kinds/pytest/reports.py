@@ -1,6 +1,6 @@
 """A judged multi-rank test as pytest's own reports, for pytest's own hooks.
 
-For each phase of the :class:`~cpmatrix.matrix.pytest_verdict.Verdict`: the standing
+For each phase of the :class:`~cpmatrix.kinds.pytest.verdict.Verdict`: the standing
 rank's report itself, as that rank's pytest made it (deserialized with pytest's
 ``pytest_report_from_serializable``: its long representation, ``wasxfail``, user
 properties), or a report made from the verdict's text (a crash, a hang, a skip not agreed).
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
+from cpmatrix.kinds.pytest.verdict import PhaseVerdict, Verdict
+from cpmatrix.kinds.registry import PYTEST_RANK
 from cpmatrix.layout import cell_stacks
-from cpmatrix.matrix.pytest_verdict import PhaseVerdict, Verdict
 from cpmatrix.result import FailureKind, Result
 
 __all__ = ["LeftStateWarning", "replay_left_state", "replay_warnings", "reports_for",
@@ -97,7 +97,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 #: no report says what it says.
 _WORKER_BLOCK = re.compile(r"(?:cpmatrix worker: cell [^\n]* failed on rank \d+:\n)?"
                            r"Traceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*?"
-                           r"cpmatrix\.pytest_front\.rank\.PytestFailure: [^\n]*\n?")
+                           rf"{re.escape(PYTEST_RANK)}\.PytestFailure: [^\n]*\n?")
 
 
 def _where(stacks: str, test_file: str) -> str:
