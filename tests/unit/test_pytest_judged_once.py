@@ -71,8 +71,8 @@ def test_the_verdict_is_judged_in_one_place() -> None:
     assert _calls("phases_of") == ["kinds/pytest/records.py:judgement"]
     assert _calls("judged_result") == ["kinds/pytest/records.py:judged_cell"]
     assert _calls("judged_cell") == ["kinds/pytest/executor.py:_judged"]
-    assert _calls("judgement") == ["kinds/pytest/records.py:judged_cell",
-                                   "kinds/pytest/controller.py:_on_result"]
+    assert _calls("judgement") == ["kinds/pytest/controller.py:_on_result",
+                                   "kinds/pytest/records.py:judged_cell"]
 
 
 def _write(cell_dir: Path, call: dict[int, str]) -> None:
