@@ -83,8 +83,8 @@ def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
 
 
 def test_every_kind_is_run_by_exactly_one_executor() -> None:
+    from cpmatrix.kinds.executors import EXECUTORS, executor_for
     from cpmatrix.matrix.schema import KINDS
-    from cpmatrix.run.executors import EXECUTORS, executor_for
 
     declared = [kind for e in EXECUTORS for kind in e.kinds]
     assert sorted(declared) == sorted(KINDS), "matrix.schema.KINDS and the executors' kinds"

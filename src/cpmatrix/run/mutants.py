@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 
 from cpmatrix.errors import UsageError
+from cpmatrix.kinds.executors import executor_for
 from cpmatrix.kinds.registry import DISCOVER_MAIN
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.paths import IMPORT_ROOT
-from cpmatrix.run.executors import executor_for
 
 __all__ = ["discover_mutants"]
 

@@ -35,13 +35,13 @@ from cpmatrix.cache.key import ActionKeys
 from cpmatrix.cache.layers import remote_settings
 from cpmatrix.cache.provenance import cell_digests, run_source
 from cpmatrix.errors import ExitCode
+from cpmatrix.kinds.executors import plan_all
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.plan.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
 from cpmatrix.run.assembly import Assembled, Front, assemble
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import plan_all
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outcome import RunReport

@@ -1,7 +1,7 @@
 """A run: plan -> jobs (with restarts and retries) -> results -> merged report.
 
 :func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop and knows
-no cell kind: each cell's executor (:mod:`cpmatrix.run.executors`) plans its batches and
+no cell kind: each cell's executor (:mod:`cpmatrix.kinds.executors`) plans its batches and
 makes the jobs that run them; fault handling lives in the executors, what a result
 means in :mod:`cpmatrix.run.policies`.
 
@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.kinds.executors import Executor, Job, plan_all
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import DevicePool
@@ -38,7 +39,6 @@ from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import Executor, Job, plan_all
 from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings

@@ -32,6 +32,7 @@ from cpmatrix.cache.provenance import cell_digests, run_source, stamp
 from cpmatrix.cache.toolchain import probe_interpreter
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.kinds.executors import executor_for
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
@@ -41,7 +42,6 @@ from cpmatrix.plan.packing import PackSpec
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import executor_for
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions
