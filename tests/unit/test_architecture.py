@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
     # The code that runs in the worlds' ranks, the pytest kind's rank side with it.
-    ("cpmatrix.worker", "cpmatrix.kinds.pytest.rank", "cpmatrix.kinds.pytest.inrank",
+    ("cpmatrix.worker", "cpmatrix.kinds.pytest.rank_session", "cpmatrix.kinds.pytest.rank_dialects",
      "cpmatrix.kinds.pytest.preload"),
     ("cpmatrix.report",),
     # The run's stages below the supervisor: the result cache and the placement of cells.

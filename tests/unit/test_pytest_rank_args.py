@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpmatrix.kinds.pytest.rank import RANK_ARGS, pinned_args, rank_args
+from cpmatrix.kinds.pytest.rank_session import RANK_ARGS, pinned_args, rank_args
 from cpmatrix.kinds.pytest.reports import _WORKER_BLOCK
 from cpmatrix.kinds.pytest.spec import PytestSession
 
@@ -48,9 +48,9 @@ cpmatrix worker: cell s[unit,1x2,test=a] failed on rank 1:
 Traceback (most recent call last):
   File "/x/cpmatrix/worker/worker.py", line 10, in run
     case(cell)
-  File "/x/cpmatrix/kinds/pytest/rank.py", line 20, in case
+  File "/x/cpmatrix/kinds/pytest/rank_session.py", line 20, in case
     raise PytestFailure(text)
-cpmatrix.kinds.pytest.rank.PytestFailure: test failed: see its report
+cpmatrix.kinds.pytest.rank_session.PytestFailure: test failed: see its report
 after the test
 """
 

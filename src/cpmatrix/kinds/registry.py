@@ -11,7 +11,7 @@ else in the package's code). Standard library only: the ranks import it.
 Example::
 
     >>> PYTEST_CASE
-    'cpmatrix.kinds.pytest.rank:case'
+    'cpmatrix.kinds.pytest.rank_session:case'
     >>> FORKRUN in WORKER_ENTRIES
     True
 """
@@ -39,7 +39,7 @@ DISCOVER_MAIN: Final = "cpmatrix.worker.discover_main"
 WORKER_ENTRIES: Final = (WORLD_MAIN, FORKRUN, WATCHDOG, COMPILE_MAIN)
 
 #: The pytest kind's rank side: a rank's pytest session and one test per cell.
-PYTEST_RANK: Final = "cpmatrix.kinds.pytest.rank"
+PYTEST_RANK: Final = "cpmatrix.kinds.pytest.rank_session"
 #: A pytest cell's case: one collected test, run in the rank's session.
 PYTEST_CASE: Final = f"{PYTEST_RANK}:case"
 #: What each rank of a pytest world calls before its first cell (``WorldSpec.prepare``).

@@ -24,8 +24,8 @@ from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.schedulers import Scheduler
 from cpmatrix.run.session import JobPool, Known, Watch, run_cells
 from cpmatrix.run.setup import PreparedRun, make_context, pack_spec, prepare_run

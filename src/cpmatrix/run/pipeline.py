@@ -44,8 +44,8 @@ from cpmatrix.run.assembly import Assembled, Front, assemble
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim, claim_out
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.schedulers import Scheduler, scheduler_for
 from cpmatrix.run.session import Watch
 from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec

@@ -39,8 +39,8 @@ from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.run.stopping import Stopper, StopRequested
 from cpmatrix.worker.procs import (

@@ -41,9 +41,9 @@ from cpmatrix.plan.devices import visible_cuda_devices
 from cpmatrix.plan.packing import PackSpec
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
+from cpmatrix.run.declared_mutants import discover_mutants
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner

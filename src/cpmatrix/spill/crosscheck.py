@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
     from cpmatrix.matrix.select import select_cells
-    from cpmatrix.spill._crosscheck import crosscheck_loaded
+    from cpmatrix.spill._loaded import crosscheck_loaded
     from cpmatrix.spill._spec import SpillError, spec_for_cell
 
     args = _parser().parse_args(argv)

@@ -7,7 +7,7 @@ failing process exits; here the ranks live on, so the failing rank *cuts* the ce
 connections (every established TCP socket of the process but the store's). A peer
 blocked on one of them gets gloo's "Connection closed by peer" at once, and, seeing the
 word (:func:`cut_by_peer`), knows it was cut off rather than failed: its report of that
-phase is not its own verdict (:mod:`cpmatrix.kinds.pytest.rank`). The world survives:
+phase is not its own verdict (:mod:`cpmatrix.kinds.pytest.rank_session`). The world survives:
 after the cell every rank of it sees the cut (:func:`was_cut`) and makes its group
 afresh for the next cell, so no world restarts for a failing test.
 

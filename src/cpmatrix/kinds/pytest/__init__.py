@@ -15,7 +15,7 @@ The kind's parts live together here, each on the layer it serves
 target's cells; ``sources``: their digests; ``target_paths``: a target's ``pytest:``
 value; ``verdict`` and ``records``: the verdict over the ranks' reports; ``collect``: the
 collector's driver), so the matrix imports nothing above them; in the ranks,
-:mod:`~cpmatrix.kinds.pytest.rank` and :mod:`~cpmatrix.kinds.pytest.inrank`; with the
+:mod:`~cpmatrix.kinds.pytest.rank_session` and :mod:`~cpmatrix.kinds.pytest.rank_dialects`; with the
 supervisor, its executor (``executor``); and on top, the plugin, its controller, the
 collector, its flags (``options``) and the one adapter to the run. This file imports
 nothing.

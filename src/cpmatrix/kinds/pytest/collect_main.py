@@ -7,7 +7,7 @@ Usage (:mod:`cpmatrix.kinds.pytest.collect` runs it, in the matrix file's folder
 Collects the tests as ``pytest --collect-only`` would and writes to ``OUT.json`` how a
 rank re-creates the session and every test, multi-rank or not (a test that needs no ranks
 becomes a cell of one rank), with the dialect, worlds, timeout and sources' digest of each
-(:mod:`cpmatrix.kinds.pytest.collected`). Exit code: pytest's.
+(:mod:`cpmatrix.kinds.pytest.items`). Exit code: pytest's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.kinds.pytest.collected import session_of, tests_of
+from cpmatrix.kinds.pytest.items import session_of, tests_of
 from cpmatrix.kinds.registry import PYTEST_COLLECTOR
 
 __all__ = ["main"]

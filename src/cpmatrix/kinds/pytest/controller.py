@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from cpmatrix.errors import UsageError
 from cpmatrix.kinds.pytest.adapter import FrontSettings, run_tests
-from cpmatrix.kinds.pytest.collected import session_of, tests_of
 from cpmatrix.kinds.pytest.exits import SessionExit
+from cpmatrix.kinds.pytest.items import session_of, tests_of
 from cpmatrix.kinds.pytest.records import judgement
 from cpmatrix.kinds.pytest.reports import (
     replay_left_state,
@@ -176,7 +176,8 @@ class Controller:
                 f"and reports in {self.settings.out}")
 
 
-_RANK = {"failed": 0, "error": 0, "skipped": 1, "xfailed": 2, "xpassed": 3, "passed": 4}
+#: Outcomes worst first: of a test's worlds, the worst one tells its outcome (_worst).
+_WORST_FIRST = {"failed": 0, "error": 0, "skipped": 1, "xfailed": 2, "xpassed": 3, "passed": 4}
 
 
 _Done = tuple[str, Verdict, Any, Result, Entry]
@@ -185,7 +186,7 @@ _Done = tuple[str, Verdict, Any, Result, Entry]
 def _worst(done: list[_Done]) -> _Done:
     """Of a test's worlds (one per size), the one that tells its outcome: a failure first,
     then a skip (the first world's skip ends a DeepSpeed-style test natively)."""
-    return min(done, key=lambda d: _RANK.get(d[1].outcome, 9))
+    return min(done, key=lambda d: _WORST_FIRST.get(d[1].outcome, 9))
 
 
 def _per_class(notes: list[str]) -> list[str]:

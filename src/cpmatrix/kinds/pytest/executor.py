@@ -5,7 +5,7 @@ the ranks of a world (:class:`~cpmatrix.kinds.world.job.WorldRun`), with two
 differences:
 
 - every rank first builds the pytest session its tests were collected in
-  (``WorldSpec.prepare`` = :func:`cpmatrix.kinds.pytest.rank.prepare`); tests of different
+  (``WorldSpec.prepare`` = :func:`cpmatrix.kinds.pytest.rank_session.prepare`); tests of different
   sessions (other rootdirs or command lines) never share a world;
 - each result is judged from the ranks' own pytest reports
   (:func:`cpmatrix.kinds.pytest.records.judged_cell`): a skip agreed by every rank is

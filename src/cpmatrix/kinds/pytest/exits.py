@@ -5,7 +5,7 @@ Natively a pytest fixture, a ``setUp`` of a spawning class and a DeepSpeed-style
 process: the session ends there, with the exit's message and return code; the test that
 called it has no report, the tests before it (in the session's order) ran and are
 reported, the tests after it never run. (Inside a spawned torch worker it is a failure
-of the test: :mod:`cpmatrix.kinds.pytest.inrank`.)
+of the test: :mod:`cpmatrix.kinds.pytest.rank_dialects`.)
 
 The ranks run the tests in the worlds' order, side by side: a rank records the exit in
 its report file (``"exit"``) and its session goes on; the controller, told by

@@ -185,7 +185,7 @@ def pytest_runtest_setup(item: Any) -> None:
 def cell(request: Any) -> Any:
     """The test's :class:`cpmatrix.cell.CellContext` (its rank, seed, generator, device,
     folder, ``record``); under torchrun, one made alike."""
-    from cpmatrix.kinds.pytest.rank import current_cell
+    from cpmatrix.kinds.pytest.rank_session import current_cell
 
     found = current_cell()
     if found is not None:
@@ -244,7 +244,7 @@ def mesh(request: Any) -> Any:
 
     from cpmatrix.cell import MESH_DIMS
     from cpmatrix.kinds.pytest.dialects import placement
-    from cpmatrix.kinds.pytest.rank import current_cell
+    from cpmatrix.kinds.pytest.rank_session import current_cell
     from cpmatrix.matrix.schema import Mesh
 
     found = placement(request.node)

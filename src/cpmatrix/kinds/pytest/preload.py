@@ -1,7 +1,7 @@
 """The installed modules a world's test files import, imported once before the ranks fork.
 
 Each rank builds its pytest session and collects the test files again
-(:mod:`cpmatrix.kinds.pytest.rank`); most of that is importing what the test files import
+(:mod:`cpmatrix.kinds.pytest.rank_session`); most of that is importing what the test files import
 from installed packages (PyTorch's ``torch.testing._internal...common_dtensor`` chain:
 about 0.9 s of a rank's 1.5 s on this machine). Those modules are the same in every
 rank, so the fork launcher imports them once, in its parent, and every rank inherits

@@ -1,8 +1,9 @@
 """The reports each rank of a pytest cell left, read back and judged once.
 
-A rank writes ``<out>/<cell folder>/rank<R>/pytest.json`` (:mod:`cpmatrix.kinds.pytest.rank`):
-its classified phases, pytest's serialized reports and the warnings recorded. A rank
-that died before writing it, or a file of another shape, reads as no reports at all.
+A rank writes ``<out>/<cell folder>/rank<R>/pytest.json``
+(:mod:`cpmatrix.kinds.pytest.rank_session`): its classified phases, pytest's serialized
+reports and the warnings recorded. A rank that died before writing it, or a file of another
+shape, reads as no reports at all.
 
 :func:`judgement` is the one place a test's verdict is judged from those files. The job
 judges each result it makes (:func:`judged_cell`) and hands the :class:`Judged` on with

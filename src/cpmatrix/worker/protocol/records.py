@@ -152,7 +152,7 @@ class WorldSpec(_Json):
     placement: list[list[int]] = field(default_factory=list)
     #: ``module:function`` each rank calls as ``fn(world, rank)`` once, before the
     #: isolation baseline is taken (so what it sets up is part of every cell's starting
-    #: state): the pytest front's in-rank session (:mod:`cpmatrix.kinds.pytest.rank`).
+    #: state): the pytest front's in-rank session (:mod:`cpmatrix.kinds.pytest.rank_session`).
     #: Empty: none.
     prepare: str = ""
     #: ``--profile``: each rank prints a ``PROFILE`` line per cell into its log (the

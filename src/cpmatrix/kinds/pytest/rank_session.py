@@ -164,7 +164,7 @@ def case(cell: CellContext) -> None:
         errors = "\n".join(state.collect_errors) or "(no collection error was reported)"
         raise SessionError(f"{nodeid}: not collected in the rank's pytest session "
                            f"(the controller collected it):\n{errors}")
-    from cpmatrix.kinds.pytest.inrank import dialect_of
+    from cpmatrix.kinds.pytest.rank_dialects import dialect_of
 
     _CELL = cell
     try:
@@ -237,7 +237,7 @@ class _RankSession:
         from _pytest.config import _prepareconfig
 
         import pytest
-        from cpmatrix.kinds.pytest.inrank import step_aside_launchers
+        from cpmatrix.kinds.pytest.rank_dialects import step_aside_launchers
 
         os.chdir(self.spec.dir)
         # The collecting process's sys.path first (pytest imported the tests from there),
@@ -279,7 +279,7 @@ class _RankSession:
             dialect: Any) -> list[dict[str, Any]]:
         """Run ``item`` once; its classified phases (also written to the cell's folder)."""
         import pytest
-        from cpmatrix.kinds.pytest.inrank import in_test
+        from cpmatrix.kinds.pytest.rank_dialects import in_test
 
         out = Path(cell.out_dir) / REPORTS_FILE
         self.plugin.begin(item.nodeid, cell.rank, cell.world_size, out, self.config)
