@@ -18,10 +18,10 @@ PACKAGE = SRC / "cpmatrix"
 
 #: Bottom to top. A module may import its own layer and the ones below.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # The base, with the registry of the module paths spelled as strings (stdlib only).
+    # The base, with the module names spelled as strings (module_names: stdlib only).
     ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
      "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.layout", "cpmatrix.defaults",
-     "cpmatrix.__main__", "cpmatrix.kinds.registry"),
+     "cpmatrix.__main__", "cpmatrix.module_names"),
     # With the spec: the pytest kind's pure parts (a pytest target's cells, their sources,
     # its paths, the verdict over the ranks' reports, the collector's driver).
     ("cpmatrix.matrix", "cpmatrix.kinds.pytest.spec", "cpmatrix.kinds.pytest.sources",
@@ -107,7 +107,7 @@ def _layer(module: str) -> int:
 
 
 #: The one module that spells cpmatrix's module paths as strings.
-REGISTRY = PACKAGE / "kinds" / "registry.py"
+REGISTRY = PACKAGE / "module_names.py"
 
 
 def _code_strings(path: Path) -> list[tuple[int, str]]:
@@ -134,12 +134,12 @@ def _module_paths_spelled(path: Path) -> list[str]:
             or re.search(rf"cpmatrix\.(?:{tops})(?:\.[a-z_]\w*)*\.[A-Z]\w*", text)]
 
 
-def test_module_paths_are_spelled_in_the_registry_only() -> None:
+def test_module_paths_are_spelled_in_module_names_only() -> None:
     """A module run with ``-m`` or loaded by name is a string no import check follows:
-    all of them are constants of ``kinds/registry.py``, imported wherever used."""
+    all of them are constants of ``module_names.py``, imported wherever used."""
     found = [hit for p in sorted(PACKAGE.rglob("*.py")) if p != REGISTRY
              for hit in _module_paths_spelled(p)]
-    assert found == [], "module paths spelled outside kinds/registry.py:\n" + "\n".join(found)
+    assert found == [], "module paths spelled outside module_names.py:\n" + "\n".join(found)
     assert len(_module_paths_spelled(REGISTRY)) >= 10  # the scan reads what it should
 
 

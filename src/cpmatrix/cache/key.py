@@ -64,8 +64,8 @@ from cpmatrix import __version__
 from cpmatrix.cache.portable import NO_ANCHORS, Anchors
 from cpmatrix.digest import ModuleSources, canonical_json
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.kinds.registry import WORKER_ENTRIES
 from cpmatrix.matrix.schema import Cell
+from cpmatrix.module_names import WORKER_ENTRIES
 from cpmatrix.paths import PACKAGE_DIR
 from cpmatrix.result import Result, Status
 from cpmatrix.worker.follow import UNOBSERVED, merge_signatures

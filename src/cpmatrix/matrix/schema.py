@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 
 from cpmatrix.cell import TORCH_DTYPES
 from cpmatrix.defaults import TIMEOUT_S
-from cpmatrix.kinds.registry import PYTEST_CASE
+from cpmatrix.module_names import PYTEST_CASE
 
 __all__ = [
     "ALLOWED_KEYS",

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from cpmatrix.errors import UsageError
 from cpmatrix.kinds.executors import executor_for
-from cpmatrix.kinds.registry import DISCOVER_MAIN
 from cpmatrix.matrix.schema import Cell
+from cpmatrix.module_names import DISCOVER_MAIN
 from cpmatrix.paths import IMPORT_ROOT
 
 __all__ = ["discover_mutants"]

@@ -74,7 +74,7 @@ def _device() -> tuple[str | None, str]:
 
 def _parser() -> argparse.ArgumentParser:
     """The command line (``--arch`` takes the archs the spill gate knows)."""
-    from cpmatrix.kinds.registry import SPILL_CROSSCHECK
+    from cpmatrix.module_names import SPILL_CROSSCHECK
     from cpmatrix.spill._spec import ARCHS
 
     p = argparse.ArgumentParser(prog=f"python -m {SPILL_CROSSCHECK}",

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cpmatrix.kinds.registry import COMPILE_MAIN
+from cpmatrix.module_names import COMPILE_MAIN
 from cpmatrix.spill import SpillError, compile_and_measure, spec_for_cell
 from cpmatrix.worker.observe import ReadObserver
 from cpmatrix.worker.procs import set_parent_death_signal

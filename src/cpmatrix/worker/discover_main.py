@@ -12,7 +12,7 @@ import importlib
 import json
 import sys
 
-from cpmatrix.kinds.registry import DISCOVER_MAIN
+from cpmatrix.module_names import DISCOVER_MAIN
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,7 @@ import time
 import traceback
 from typing import Any
 
-from cpmatrix.kinds.registry import FORKRUN
+from cpmatrix.module_names import FORKRUN
 from cpmatrix.worker.procs import set_parent_death_signal
 from cpmatrix.worker.protocol import RootCause, write_typed
 

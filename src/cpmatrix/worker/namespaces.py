@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpmatrix.kinds.registry import BUNDLED_CASES
+from cpmatrix.module_names import BUNDLED_CASES
 
 __all__ = ["BUNDLED_CASES", "INTERPRETER_RECORDS", "SELF_PATCHING", "NamespaceWatch",
            "version_tags_work"]

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cpmatrix.kinds.registry import WATCHDOG
+from cpmatrix.module_names import WATCHDOG
 from cpmatrix.worker.procs import (
     WORLD_TOKEN,
     descendants,

@@ -49,8 +49,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from cpmatrix.kinds.registry import WORLD_MAIN
 from cpmatrix.layout import cell_stacks
+from cpmatrix.module_names import WORLD_MAIN
 from cpmatrix.worker import sever
 from cpmatrix.worker.case import run_cell
 from cpmatrix.worker.cellenv import CellEnvironment

@@ -24,10 +24,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from cpmatrix.fsutil import tail_lines
-from cpmatrix.kinds.registry import COMPILE_MAIN
 from cpmatrix.kinds.world.job import cell_spec
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.module_names import COMPILE_MAIN
 from cpmatrix.plan.batches import Batch, expected_s
 from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import FailureKind, RankFailure, Result, Status

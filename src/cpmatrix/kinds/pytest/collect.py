@@ -26,8 +26,8 @@ from pathlib import Path
 
 from cpmatrix.errors import SpecError
 from cpmatrix.kinds.pytest.spec import PytestSession, PytestTest, cells_for
-from cpmatrix.kinds.registry import PYTEST_COLLECTOR
 from cpmatrix.matrix.schema import Cell, Matrix, Mesh, Target
+from cpmatrix.module_names import PYTEST_COLLECTOR
 from cpmatrix.paths import IMPORT_ROOT
 
 __all__ = ["collect_target"]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.kinds.pytest.items import session_of, tests_of
-from cpmatrix.kinds.registry import PYTEST_COLLECTOR
+from cpmatrix.module_names import PYTEST_COLLECTOR
 
 __all__ = ["main"]
 

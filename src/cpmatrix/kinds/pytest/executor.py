@@ -27,10 +27,10 @@ from dataclasses import replace
 
 from cpmatrix.kinds.pytest.records import judged_cell
 from cpmatrix.kinds.pytest.spec import ISOLATED_TAG, KIND, cell_test
-from cpmatrix.kinds.registry import PYTEST_PREPARE
 from cpmatrix.kinds.world.executor import WorldExecutor
 from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.module_names import PYTEST_PREPARE
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result, Status

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cpmatrix.kinds.registry import PYTEST_RANK
+from cpmatrix.module_names import PYTEST_RANK
 
 __all__ = ["cell", "mesh", "rank", "world_size"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 from cpmatrix.kinds.pytest.verdict import PhaseVerdict, Verdict
-from cpmatrix.kinds.registry import PYTEST_RANK
 from cpmatrix.layout import cell_stacks
+from cpmatrix.module_names import PYTEST_RANK
 from cpmatrix.result import FailureKind, Result
 
 __all__ = ["LeftStateWarning", "replay_left_state", "replay_warnings", "reports_for",

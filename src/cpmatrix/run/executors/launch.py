@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from cpmatrix.kinds.registry import FORKRUN, WORLD_MAIN
+from cpmatrix.module_names import FORKRUN, WORLD_MAIN
 from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.worker.procs import (
     WORLD_TOKEN,

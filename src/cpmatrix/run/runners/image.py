@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from cpmatrix.kinds.registry import IMAGE_TOOL
+from cpmatrix.module_names import IMAGE_TOOL
 
 __all__ = [
     "default_base",

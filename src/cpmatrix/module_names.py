@@ -2,11 +2,10 @@
 
 A process cpmatrix starts (a world's ranks, the fork launcher, the watchdog, the spill
 compiler, the collector of a ``pytest:`` target, the mutants' reader, the spill cross-check,
-the image tool) and a
-case a world loads by its ``module:function`` name are reached through a string, which no
-import check can follow. They are all spelled here, once; every other module imports the
-constant (``tests/unit/test_architecture.py`` fails on a ``"cpmatrix.`` string anywhere
-else in the package's code). Standard library only: the ranks import it.
+the image tool) and a case a world loads by its ``module:function`` name are reached
+through a string, which no import check can follow. They are all spelled here, once; every
+other module imports the constant (``tests/unit/test_architecture.py`` fails on one spelled
+anywhere else in the package's code). Standard library only: the ranks import it.
 
 Example::
 
