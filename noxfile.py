@@ -42,7 +42,7 @@ def _platforms() -> dict[str, dict[str, object]]:
 
 
 def _cuda_devices() -> int:
-    from cpmatrix.run.devices import visible_cuda_devices
+    from cpmatrix.plan.devices import visible_cuda_devices
 
     return visible_cuda_devices()
 

@@ -20,8 +20,8 @@ def main(argv: list[str]) -> int:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     t["torch_imported"] = time.time()
-    import cpmatrix.remote.isolation
-    import cpmatrix.remote.world_main  # noqa: F401
+    import cpmatrix.worker.isolation
+    import cpmatrix.worker.world_main  # noqa: F401
 
     t["cpmatrix_imported"] = time.time()
     dist.init_process_group("gloo")

@@ -1,4 +1,4 @@
-"""The cost of the result cache's observed set (``cpmatrix.remote.observe``, docs/cache.md):
+"""The cost of the result cache's observed set (``cpmatrix.worker.observe``, docs/cache.md):
 per cell in a rank, and per lookup.
 
     python benchmarks/observe.py [--cells 200] [--cache-dir DIR --matrix FILE] [--smoke]
@@ -42,7 +42,7 @@ _AUDIT_LOOP = (f"import sys, time\n{{hook}}\nt = time.perf_counter()\n"
 
 
 def _ns_per_event(with_hook: bool) -> float:
-    hook = ("from cpmatrix.remote.observe import ReadObserver\n"
+    hook = ("from cpmatrix.worker.observe import ReadObserver\n"
             "ReadObserver(skip=())" if with_hook else "")
     proc = subprocess.run([sys.executable, "-c", _AUDIT_LOOP.format(hook=hook)],
                           capture_output=True, text=True, check=True)
@@ -56,9 +56,9 @@ def per_cell(cells: int) -> None:
 
     for module in ("cpmatrix.parity", "cpmatrix.suite.cases.unit", "cpmatrix.suite.cases.layer",
                    "cpmatrix.suite.cases.module", "cpmatrix.suite.cases.workflow",
-                   "cpmatrix.remote.isolation", "cpmatrix.remote.subworld"):
+                   "cpmatrix.worker.isolation", "cpmatrix.worker.subworld"):
         importlib.import_module(module)
-    from cpmatrix.remote.observe import ReadObserver, warm
+    from cpmatrix.worker.observe import ReadObserver, warm
 
     t0 = time.perf_counter()
     warm()  # what importing world_main does (before the fork launcher forks)

@@ -4,7 +4,7 @@
 
 Starts a gloo world (init_process_group, a 2-D DeviceMesh, one small DTensor round trip)
 through ``torch.distributed.run`` and through cpmatrix's fork launcher
-(:mod:`cpmatrix.remote.forkrun`), alternately in one run, and prints, per phase, when the
+(:mod:`cpmatrix.worker.forkrun`), alternately in one run, and prints, per phase, when the
 slowest rank reached it (seconds since the launch; median over ``--reps``):
 
 - ``launcher``: until the rank's code runs (torchrun: interpreter + agent + rendezvous;
@@ -48,7 +48,7 @@ def free_port() -> int:
 def start(launcher: str, ranks: int, out: Path) -> dict[str, float]:
     """One world start; the phase times of the slowest rank, split into increments."""
     out.mkdir(parents=True)
-    module = "cpmatrix.remote.forkrun" if launcher == "fork" else "torch.distributed.run"
+    module = "cpmatrix.worker.forkrun" if launcher == "fork" else "torch.distributed.run"
     extra = [] if launcher == "fork" else ["--nnodes=1", "--max-restarts=0",
                                            "--monitor-interval=0.1"]
     argv = [sys.executable, "-m", module, *extra, f"--nproc-per-node={ranks}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cpmatrix.remote.observe import ReadObserver
+from cpmatrix.worker.observe import ReadObserver
 
 
 def cell(obs: ReadObserver, body: Callable[[], object]) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpmatrix.pytest_front import plugin
+from cpmatrix.kinds.pytest import plugin
 
 
 class _Group:

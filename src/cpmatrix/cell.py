@@ -56,7 +56,7 @@ def seed_for(cell_id: str, run_number: int = 1) -> int:
 
 class CellFields(Protocol):
     """What a cell context copies from the spec a rank runs
-    (:class:`cpmatrix.remote.protocol.CellSpec`; named here by its shape, as this module
+    (:class:`cpmatrix.worker.protocol.CellSpec`; named here by its shape, as this module
     sits below it)."""
 
     @property

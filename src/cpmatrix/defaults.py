@@ -6,7 +6,7 @@ would drift the day one of them changes (tests/unit/test_defaults.py lists the r
 and fails on a copy). A default only one section of the settings reads stays with that
 section (``FaultTimings.abort_grace_s`` in :mod:`cpmatrix.run.settings`).
 
-Standard library only: the ranks import it (``remote/protocol/records.py``).
+Standard library only: the ranks import it (``worker/protocol/records.py``).
 
 Example::
 

@@ -18,7 +18,7 @@
         rank<r>/output.log  rank<r>/stacks.txt
         work/<world>/                    the cell's cwd, HOME and TMPDIR in one launch
 
-Standard library only: the ranks import it (``remote/world_main.py``, ``cellenv.py``).
+Standard library only: the ranks import it (``worker/world_main.py``, ``cellenv.py``).
 What the parent and the ranks exchange inside a world's job folder (pid files, progress
 markers, dump requests) is the world protocol's, not named here.
 

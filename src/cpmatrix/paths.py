@@ -23,9 +23,9 @@ IMPORT_ROOT: Final = PACKAGE_DIR.parent
 
 
 def module_file(module: str) -> Path:
-    """The source file of a ``cpmatrix.*`` module (``cpmatrix.remote.procs`` -> ``.../procs.py``).
+    """The source file of a ``cpmatrix.*`` module (``cpmatrix.worker.procs`` -> ``.../procs.py``).
 
-    >>> module_file("cpmatrix.remote.procs").name
+    >>> module_file("cpmatrix.worker.procs").name
     'procs.py'
     """
     parts = module.split(".")

@@ -141,7 +141,7 @@ class Result:
     out_dir: str = ""
     #: The mutant switched on for this run, if any.
     mutant: str = ""
-    #: The sources the result was produced from (:mod:`cpmatrix.run.provenance`):
+    #: The sources the result was produced from (:mod:`cpmatrix.cache.provenance`):
     #: ``digest`` (the cell's), ``matrix``, ``cpmatrix``, ``commit``. Empty in reports
     #: of cpmatrix versions before it.
     source: dict[str, str] = field(default_factory=dict)
@@ -163,7 +163,7 @@ class Result:
     reads: dict[str, str] | None = field(default=None, compare=False, repr=False)
     #: What the cell's kind judged of this result, for its front to replay instead of
     #: judging again (a pytest cell's verdict and its ranks' reports:
-    #: :class:`cpmatrix.matrix.pytest_records.Judged`). In memory only, like ``reads``.
+    #: :class:`cpmatrix.kinds.pytest.records.Judged`). In memory only, like ``reads``.
     judged: object | None = field(default=None, compare=False, repr=False)
 
     @property

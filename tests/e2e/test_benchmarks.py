@@ -24,7 +24,7 @@ SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"
 #: Seconds of a smoke run on an idle 2-core machine: the ones that start worlds or
 #: torch's own harness are ``slow``.
 FAST = {"expand.py"}
-#: What only a world's internals name (remote/protocol.py's files and folders).
+#: What only a world's internals name (worker/protocol.py's files and folders).
 WORLD_FILES = ("worlds", "progress", "world.json", ".done", ".start", ".left", ".pid")
 
 

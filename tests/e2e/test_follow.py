@@ -1,4 +1,4 @@
-"""Processes a cell starts (``cpmatrix.remote.follow``), with real subprocesses in this
+"""Processes a cell starts (``cpmatrix.worker.follow``), with real subprocesses in this
 process: a Python child is followed (what it reads joins the cell's observed set), a
 native program, a shell, or a Python child that cannot follow itself makes the cell
 unobservable, with the reason; the cache refuses to store such a pass."""
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.remote import follow
-from cpmatrix.remote.follow import UNOBSERVED, merge_signatures
-from cpmatrix.remote.observe import ReadObserver, signature
-from cpmatrix.run.cache import ReadHashes, merge_reads
+from cpmatrix.cache.key import ReadHashes, merge_reads
+from cpmatrix.worker import follow
+from cpmatrix.worker.follow import UNOBSERVED, merge_signatures
+from cpmatrix.worker.observe import ReadObserver, signature
 from observed_cells import cell
 
 HELPER = """\

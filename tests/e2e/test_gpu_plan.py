@@ -1,7 +1,7 @@
 """A multi-GPU host's plan, made here with no GPU (``--gpus N --dry-run``): cuda cells of
 1, 2, 4 and 8 ranks (tests/resources/gpu_pack.yaml) packed onto the devices of one world,
 several at once, each cell on devices no other cell holds at that moment. What a GPU
-host then runs is this plan (the same code places the cells: run/packing.py), started on
+host then runs is this plan (the same code places the cells: plan/packing.py), started on
 CPU ranks by the slot tests (tests/worlds/test_slots.py).
 """
 

@@ -65,7 +65,7 @@ def test_repro_reruns_one_cell_bit_identically(tmp_path: Path) -> None:
     assert repro.returncode == 0, repro.stdout + repro.stderr
     # It prints the line to paste and the full command it ran, and streams the ranks.
     assert f"repro: cpmatrix repro '{CELL_2X2}'" in repro.stdout
-    assert "$ " in repro.stdout and "-m cpmatrix.remote.forkrun" in repro.stdout  # the launcher
+    assert "$ " in repro.stdout and "-m cpmatrix.worker.forkrun" in repro.stdout  # the launcher
     # fp64 evidence is bit-identical to the run the id came from.
     checksum = first["evidence"]["checksum"]
     assert f"evidence checksum = {checksum!r}" in repro.stdout

@@ -126,7 +126,7 @@ def test_a_4_rank_failure_prints_its_traceback_once_naming_its_ranks(session: Se
     assert block.count("Traceback (most recent call last):") == 1, block
     assert "  ranks 1-3: AssertionError: Tensor-likes are not close!" in block
     assert str(session.cases) in block and "torch.testing.assert_close(mine, serial)" in block
-    assert "cpmatrix/remote" not in block  # its own frames are hidden
+    assert "cpmatrix/worker" not in block  # its own frames are hidden
     # the evidence by rank, the failing ranks first; rank 0's 0.0 is labelled
     assert "  evidence ranks 1-3 (failed): max_abs_err = 1.0\n" in block + "\n"
     assert "  evidence rank 0: max_abs_err = 0.0" in block

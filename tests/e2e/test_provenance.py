@@ -88,7 +88,7 @@ def test_every_result_names_the_machine_it_ran_on(runs: Runs) -> None:
     """Issue 30, row 6: the machine's identity (in the cache key) is in the report."""
     import torch
 
-    from cpmatrix.run.machine import cpu_flags
+    from cpmatrix.cache.machine import cpu_flags
 
     a = runs.root / "a"
     cpu = json.loads((a / "run.json").read_text())["machine"]["cpu"]

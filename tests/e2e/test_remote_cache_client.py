@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from cache_server_fixture import serve
+from cpmatrix.cache.http import TOKEN_ENV, RemoteCache, RemoteSettings
+from cpmatrix.cache.reapi import ActionResult
 from cpmatrix.errors import UsageError
-from cpmatrix.run.reapi import ActionResult
-from cpmatrix.run.remote_cache import TOKEN_ENV, RemoteCache, RemoteSettings
 
 KEY = hashlib.sha256(b"an action").hexdigest()
 OUTPUTS = {"cpmatrix/entry.json": b'{"result": "passed"}',

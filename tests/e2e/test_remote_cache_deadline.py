@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cli_runner import RES, run_cli
-from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
+from cpmatrix.cache.http import RemoteCache, RemoteSettings
 from misbehaving_cache_server import MODES, MisbehavingServer
 
 KEY = hashlib.sha256(b"an action").hexdigest()

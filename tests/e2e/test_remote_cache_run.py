@@ -31,7 +31,7 @@ import pytest
 
 from cache_server_fixture import serve
 from cli_runner import RES, run_cli
-from cpmatrix.run.reapi import ActionResult
+from cpmatrix.cache.reapi import ActionResult
 from world_runs import Run, read_run
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import runner_probes as probes
-from cpmatrix.run.executors.world import free_port
+from cpmatrix.kinds.world.job import free_port
 from cpmatrix.run.runners import Launch, get_runner, image
 from cpmatrix.run.runners.docker import DockerRunner, container_argv, docker_run_argv
 from runner_probes import PROBE, SECRET, WORLD

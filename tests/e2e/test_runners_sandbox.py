@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.run.executors.world import free_port
+from cpmatrix.kinds.world.job import free_port
 from cpmatrix.run.runners import Launch, get_runner
 from cpmatrix.run.runners.sandbox import (
     CELL_HOSTNAME,

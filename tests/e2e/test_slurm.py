@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from cli_runner import RES, processes_with, run_cli, start_cli, stop, wait_for
-from cpmatrix.remote.protocol import parse_marker_name
+from cpmatrix.worker.protocol import parse_marker_name
 
 REPO = Path(__file__).resolve().parents[2]
 

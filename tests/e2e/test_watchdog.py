@@ -1,4 +1,4 @@
-"""``cpmatrix.remote.watchdog``: a command dies with the supervisor it watches (real processes)."""
+"""``cpmatrix.worker.watchdog``: a command dies with the supervisor it watches (real processes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from cli_runner import pid_alive, wait_for
-from cpmatrix.remote.watchdog import alive, boot_id, start_time, watch_argv
+from cpmatrix.worker.watchdog import alive, boot_id, start_time, watch_argv
 
 
 def test_a_process_is_known_by_its_pid_and_start_time() -> None:
@@ -34,7 +34,7 @@ def test_a_supervisor_on_another_machine_is_not_watched() -> None:
 
 
 def test_usage_errors_exit_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "cpmatrix.remote.watchdog", "1"],
+    proc = subprocess.run([sys.executable, "-m", "cpmatrix.worker.watchdog", "1"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "usage" in proc.stderr
 

@@ -8,6 +8,7 @@ layer, on an import cycle between modules, and on a module over 500 lines.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,21 +18,28 @@ PACKAGE = SRC / "cpmatrix"
 
 #: Bottom to top. A module may import its own layer and the ones below.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    # The base, with the module names spelled as strings (module_names: stdlib only).
     ("cpmatrix", "cpmatrix.cell", "cpmatrix.result", "cpmatrix.errors", "cpmatrix.fsutil",
      "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.layout", "cpmatrix.defaults",
-     "cpmatrix.__main__"),
-    # With the spec: the pytest front's pure parts (matrix/pytest_*.py: a pytest target's
-    # cells, their sources, the verdict over the ranks' reports, the collector's driver).
-    ("cpmatrix.matrix",),
+     "cpmatrix.__main__", "cpmatrix.module_names"),
+    # With the spec: the pytest kind's pure parts (a pytest target's cells, their sources,
+    # its paths, the verdict over the ranks' reports, the collector's driver).
+    ("cpmatrix.matrix", "cpmatrix.kinds.pytest.spec", "cpmatrix.kinds.pytest.sources",
+     "cpmatrix.kinds.pytest.target_paths", "cpmatrix.kinds.pytest.verdict",
+     "cpmatrix.kinds.pytest.records", "cpmatrix.kinds.pytest.collect"),
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
-    # ... its in-rank runner with the code that runs in the worlds' ranks ...
-    ("cpmatrix.remote", "cpmatrix.pytest_front.rank", "cpmatrix.pytest_front.inrank",
-     "cpmatrix.pytest_front.preload"),
+    # The code that runs in the worlds' ranks, the pytest kind's rank side with it.
+    ("cpmatrix.worker", "cpmatrix.kinds.pytest.rank_session", "cpmatrix.kinds.pytest.rank_dialects",
+     "cpmatrix.kinds.pytest.preload"),
     ("cpmatrix.report",),
-    ("cpmatrix.run",),
-    # ... and the plugin, its controller and collector on top of the run they call.
-    ("cpmatrix.pytest_front",),
+    # The run's stages below the supervisor: the result cache and the placement of cells.
+    ("cpmatrix.cache", "cpmatrix.plan"),
+    # The supervisor, with each kind's executor and job and the executors by kind.
+    ("cpmatrix.run", "cpmatrix.kinds.world", "cpmatrix.kinds.compile",
+     "cpmatrix.kinds.pytest.executor", "cpmatrix.kinds.executors"),
+    # The kinds' fronts: the pytest plugin, its controller and collector, on the run.
+    ("cpmatrix.kinds",),
     ("cpmatrix.gate",),
     ("cpmatrix.cli",),
 )
@@ -68,12 +76,24 @@ def _imports(path: Path, name: str) -> set[str]:
     return {m for m in found if m.startswith("cpmatrix")}
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, inits: bool = False) -> dict[str, set[str]]:
+    """Each module's imports of the package's modules; with ``inits``, also the packages
+    whose ``__init__`` such an import runs first (what a cycle at import time goes through)."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        graph[name] = {m for m in _imports(path, name) if m in modules and m != name}
+        found = {m for m in _imports(path, name) if m in modules and m != name}
+        if inits:
+            # Importing a.b.c runs a.b's __init__ first: from outside a.b, an import of it.
+            found |= {parent for m in found for parent in _parents(m) if parent in modules
+                      and not name.startswith(parent + ".") and parent != name}
+        graph[name] = found
     return graph
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
 
 
 def _layer(module: str) -> int:
@@ -84,6 +104,43 @@ def _layer(module: str) -> int:
                 best, depth = i, len(prefix)
     assert best >= 0, f"{module} is on no layer: add it to LAYERS (and docs/architecture.md)"
     return best
+
+
+#: The one module that spells cpmatrix's module paths as strings.
+REGISTRY = PACKAGE / "module_names.py"
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """A module's string literals, docstrings left out, each piece of an f-string in."""
+    tree = ast.parse(path.read_text())
+    bare = {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in bare]
+
+
+def _module_paths_spelled(path: Path) -> list[str]:
+    tops = "|".join(sorted(p.stem for p in PACKAGE.iterdir()
+                           if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")))
+    # A whole string that is a module (or its ``module:function``), or one run with -m.
+    module = re.compile(rf"cpmatrix\.(?:{tops})(?:\.\w+)*(?::\w+)?")
+    run = re.compile(rf"-m cpmatrix\.(?:{tops})(?![\w])")
+    return [f"{path.relative_to(SRC)}:{line}: {text!r}" for line, text in _code_strings(path)
+            # A regular expression's escaped dots are dots.
+            for text in [text.replace("\\.", ".")]
+            if module.fullmatch(text) or run.search(text)
+            # or a class named with its module (a traceback's last line).
+            or re.search(rf"cpmatrix\.(?:{tops})(?:\.[a-z_]\w*)*\.[A-Z]\w*", text)]
+
+
+def test_module_paths_are_spelled_in_module_names_only() -> None:
+    """A module run with ``-m`` or loaded by name is a string no import check follows:
+    all of them are constants of ``module_names.py``, imported wherever used."""
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) if p != REGISTRY
+             for hit in _module_paths_spelled(p)]
+    assert found == [], "module paths spelled outside module_names.py:\n" + "\n".join(found)
+    assert len(_module_paths_spelled(REGISTRY)) >= 10  # the scan reads what it should
 
 
 def test_no_import_runs_back_up_a_layer() -> None:
@@ -97,7 +154,7 @@ def test_no_import_runs_back_up_a_layer() -> None:
 
 
 def test_there_is_no_import_cycle() -> None:
-    graph = _graph()
+    graph = _graph(inits=True)
     # Package __init__ -> its own submodules is a re-export, not a dependency back.
     edges = {a: {b for b in bs if not b.startswith(a + ".")} for a, bs in graph.items()}
     state: dict[str, int] = {}

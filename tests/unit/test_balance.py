@@ -7,7 +7,7 @@ import random
 import pytest
 
 from cpmatrix.errors import UsageError
-from cpmatrix.run.balance import balance, parse_shard, shard_cells
+from cpmatrix.plan.balance import balance, parse_shard, shard_cells
 
 
 def _synthetic(n: int, seed: int = 15) -> dict[str, float]:

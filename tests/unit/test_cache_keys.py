@@ -1,4 +1,4 @@
-"""What a cached PASS is keyed on (``cpmatrix.run.cache``), without running a cell: the imports
+"""What a cached PASS is keyed on (``cpmatrix.cache.key``), without running a cell: the imports
 a case module's closure follows (relative ones included), the action digest's inputs, and
 the stored entry. ``test_cache.py`` drives the cache through the real CLI."""
 
@@ -18,11 +18,8 @@ from typing import Any
 
 import pytest
 
-from cpmatrix.paths import PACKAGE_DIR
-from cpmatrix.remote.observe import ABSENT, CHANGED, signature
-from cpmatrix.result import Result, Status
-from cpmatrix.run import cache
-from cpmatrix.run.cache import (
+from cpmatrix.cache import key as cache
+from cpmatrix.cache.key import (
     FORMAT,
     ActionKeys,
     ReadHashes,
@@ -31,6 +28,9 @@ from cpmatrix.run.cache import (
     default_cache_dir,
     merge_reads,
 )
+from cpmatrix.paths import PACKAGE_DIR
+from cpmatrix.result import Result, Status
+from cpmatrix.worker.observe import ABSENT, CHANGED, signature
 
 
 def test_doctests_run() -> None:
@@ -253,10 +253,10 @@ def test_mutant_runs_and_failures_are_never_stored(tmp_path: Path) -> None:
 
 #: cpmatrix modules that run in a world but were missing from the hand-written list the
 #: runtime digest once read (issue 21, row 5): an edit of any of them reused old passes.
-WORLD_SIDE = {"cpmatrix.remote.world_main", "cpmatrix.remote.subworld",
-              "cpmatrix.remote.protocol", "cpmatrix.remote.forkrun",
-              "cpmatrix.remote.isolation", "cpmatrix.remote.observe", "cpmatrix.remote.procs",
-              "cpmatrix.remote.watchdog", "cpmatrix.remote.compile_main", "cpmatrix.cell",
+WORLD_SIDE = {"cpmatrix.worker.world_main", "cpmatrix.worker.subworld",
+              "cpmatrix.worker.protocol", "cpmatrix.worker.forkrun",
+              "cpmatrix.worker.isolation", "cpmatrix.worker.observe", "cpmatrix.worker.procs",
+              "cpmatrix.worker.watchdog", "cpmatrix.worker.compile_main", "cpmatrix.cell",
               "cpmatrix.fsutil"}
 
 
@@ -268,7 +268,7 @@ def test_the_runtime_digest_covers_every_module_that_runs_in_a_world(
     package itself."""
     import shutil
 
-    import cpmatrix.run.cache as cache_mod
+    import cpmatrix.cache.key as cache_mod
 
     pkg = tmp_path / "cpmatrix"
     shutil.copytree(PACKAGE_DIR, pkg,
@@ -296,7 +296,7 @@ def test_bundled_cases_cover_the_toolkit_they_import_but_never_site_packages(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    import cpmatrix.run.cache as cache_mod
+    import cpmatrix.cache.key as cache_mod
 
     pkg = tmp_path / "site" / "cpmatrix"
     shutil.copytree(PACKAGE_DIR, pkg,

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.cache.key import ReadHashes, ResultCache
+from cpmatrix.cache.layers import CacheLayers, remote_settings
+from cpmatrix.cache.portable import Anchors
+from cpmatrix.cache.toolchain import Interpreter
 from cpmatrix.errors import SpecError, UsageError
 from cpmatrix.matrix.load import load_matrix
-from cpmatrix.remote.observe import signature
 from cpmatrix.result import Result, Status
-from cpmatrix.run.cache import ReadHashes, ResultCache
-from cpmatrix.run.cache_layers import CacheLayers, remote_settings
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.portable import Anchors
-from cpmatrix.run.toolchain import Interpreter
+from cpmatrix.worker.observe import signature
 
 HEAD = """\
 version: 1

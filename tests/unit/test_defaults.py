@@ -42,17 +42,17 @@ class Default:
 
 DEFAULTS: tuple[Default, ...] = (
     Default("cpmatrix.defaults:TIMEOUT_S", defaults.TIMEOUT_S,
-            ("matrix/schema.py", "matrix/load.py", "matrix/pytest_spec.py",
-             "remote/protocol/records.py", "pytest_front/plugin.py"),
+            ("matrix/schema.py", "matrix/load.py", "kinds/pytest/spec.py",
+             "worker/protocol/records.py", "kinds/pytest/plugin.py"),
             ("timeout_s", "DEFAULT_TIMEOUT_S")),
     # The abort grace is FaultTimings' own; the pytest front takes it from RunOptions.
     Default("cpmatrix.run.settings:FaultTimings", FaultTimings().abort_grace_s,
-            ("run/options.py",), ("abort_grace_s",), through=("pytest_front/plugin.py",)),
+            ("run/options.py",), ("abort_grace_s",), through=("kinds/pytest/plugin.py",)),
     Default("cpmatrix.defaults:RUNNER", defaults.RUNNER, ("run/options.py",), ("runner",),
-            through=("pytest_front/plugin.py",)),
+            through=("kinds/pytest/plugin.py",)),
     Default("cpmatrix.defaults:LAUNCHER", defaults.LAUNCHER,
             ("run/options.py", "run/context.py"), ("launcher",),
-            through=("pytest_front/plugin.py",)),
+            through=("kinds/pytest/plugin.py",)),
 )
 
 

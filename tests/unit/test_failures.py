@@ -14,12 +14,12 @@ from cpmatrix.cli.failures import failure_block, rank_ranges, trim_traceback
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.executors.attribution import merge_evidence
-from cpmatrix.run.outcome import RunReport
+from cpmatrix.run.run_report import RunReport
 
 CPM = "/site/cpmatrix"
 TB = f"""\
 Traceback (most recent call last):
-  File "{CPM}/remote/case.py", line 120, in run_cell
+  File "{CPM}/worker/case.py", line 120, in run_cell
     case(ctx)
   File "/home/me/proj/cases.py", line 15, in allreduce_sum
     check_parity(cell, serial, cp,
@@ -31,7 +31,7 @@ cpmatrix.parity.errors.ParityError: out: max abs {{err}} > atol 1e-07
 """
 IMPORT_TB = """\
 Traceback (most recent call last):
-  File "/site/cpmatrix/remote/case.py", line 108, in run_cell
+  File "/site/cpmatrix/worker/case.py", line 108, in run_cell
     case, case_file = _import_case(spec.case, spec.case_file)
   File "/usr/lib/python3.11/importlib/__init__.py", line 126, in import_module
     return _bootstrap._gcd_import(name[level:], package, level)

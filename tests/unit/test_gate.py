@@ -330,11 +330,11 @@ def test_gate_over_a_live_run(tmp_path: Path) -> None:
 def _sourced_report(tmp_path: Path, edit: dict[str, str]) -> Path:
     """A report of every cell of runtime.yaml, passed, each carrying the source digest
     its matrix gives it now (``edit``: cell id -> another digest)."""
+    from cpmatrix.cache.provenance import matrix_digests
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
     from cpmatrix.report.junit import results_to_junit, write_junit
     from cpmatrix.result import Result
-    from cpmatrix.run.provenance import matrix_digests
 
     digests = matrix_digests(RES / "runtime.yaml")
     cells = {c.id: c for c in expand(load_matrix(RES / "runtime.yaml")).cells}

@@ -1,4 +1,4 @@
-"""The decision a cell's ranks take about the groups the cell used (remote/hygiene.py).
+"""The decision a cell's ranks take about the groups the cell used (worker/hygiene.py).
 
 Pure: the reports are what each rank's ledger writes; the worlds that produce them are in
 tests/worlds/test_isolation.py, the point-to-point counter on a real two-process gloo
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cpmatrix.remote.hygiene import judge
+from cpmatrix.worker.hygiene import judge
 
 
 def group(ops: int, ranks: tuple[int, ...] = (0, 1), p2p: list[list[Any]] | None = None,

@@ -29,13 +29,13 @@ def test_an_unknown_launcher_is_a_usage_error() -> None:
 
 @pytest.mark.parametrize(
     ("launcher", "module", "only_torchrun"),
-    [("fork", "cpmatrix.remote.forkrun", False), ("torchrun", "torch.distributed.run", True)],
+    [("fork", "cpmatrix.worker.forkrun", False), ("torchrun", "torch.distributed.run", True)],
 )
 def test_each_launcher_runs_the_worker_on_the_ranks_on_loopback(
         launcher: str, module: str, only_torchrun: bool) -> None:
     assert launcher in LAUNCHERS
     argv = launcher_argv(launcher, "py", 4, 1234, "w.json")
     assert argv[:3] == ("py", "-m", module)
-    assert argv[-3:] == ("-m", "cpmatrix.remote.world_main", "w.json")
+    assert argv[-3:] == ("-m", "cpmatrix.worker.world_main", "w.json")
     assert {"--nproc-per-node=4", "--master-addr=127.0.0.1", "--master-port=1234"} <= set(argv)
     assert ("--max-restarts=0" in argv) is only_torchrun

@@ -1,4 +1,4 @@
-"""The machine's part of the cache key (issue 30, row 6; ``cpmatrix.run.machine``): ISA
+"""The machine's part of the cache key (issue 30, row 6; ``cpmatrix.cache.machine``): ISA
 flags and torch's CPU capability for cpu cells, GPU, driver, CUDA, cuDNN and NCCL for
 cuda cells. No GPU here: the cuda path runs on an injected device description."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from cpmatrix.cache import machine as machine_mod
+from cpmatrix.cache.key import ActionKeys, ResultCache
+from cpmatrix.cache.machine import LocalMachine, MachineIdentity, cpu_flags, machine_identity
 from cpmatrix.result import Result, Status
-from cpmatrix.run import machine as machine_mod
-from cpmatrix.run.cache import ActionKeys, ResultCache
-from cpmatrix.run.machine import LocalMachine, MachineIdentity, cpu_flags, machine_identity
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse4_1 sse4_2 avx avx2 fma smep avx512f amx_tile\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd asimdhp sve sve2 sme crc32\n"

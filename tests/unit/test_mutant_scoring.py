@@ -19,8 +19,8 @@ from cpmatrix.report.junit import results_to_junit, write_junit
 from cpmatrix.report.read import read_report
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.policies import interpret_mutant
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.session import JobPool, _Session
 
 CELL = "t[unit,1x2,fp64,autocast=off,reference]@cpu"

@@ -1,4 +1,4 @@
-"""What a rank's observer records for a cell (``cpmatrix.remote.observe``), in this process:
+"""What a rank's observer records for a cell (``cpmatrix.worker.observe``), in this process:
 files read however they were read, modules loaded before the cell, folders imports search,
 and what it leaves out (the standard library, RECORD files, the run's own folder, the
 cell's own output). ``tests/worlds/test_observed_cache.py`` drives it in real worlds."""
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.remote import observe
-from cpmatrix.remote.classify import record_files as _record_files
-from cpmatrix.remote.observe import ABSENT, CHANGED, ReadObserver, importable
+from cpmatrix.worker import observe
+from cpmatrix.worker.classify import record_files as _record_files
+from cpmatrix.worker.observe import ABSENT, CHANGED, ReadObserver, importable
 from observed_cells import cell
 
 

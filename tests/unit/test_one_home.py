@@ -26,7 +26,7 @@ LAYOUT_NAMES = frozenset({layout.MARKER, layout.LOCK, layout.REPORT_XML, layout.
 #: Spellings inside a longer string: a path ending in one of the names, a world's JUnit.
 PIECES = (".junit.xml", *(f"/{name}" for name in sorted(LAYOUT_NAMES)))
 #: Frozen modules (never edited): what they spell stays.
-FROZEN = {"run/cache.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
+FROZEN = {"cache/key.py", "parity/verdict.py", "parity/checks.py", "parity/compare.py",
           "parity/tolerance.py", "gate/_checks.py"}
 
 
@@ -83,8 +83,8 @@ def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
 
 
 def test_every_kind_is_run_by_exactly_one_executor() -> None:
+    from cpmatrix.kinds.executors import EXECUTORS, executor_for
     from cpmatrix.matrix.schema import KINDS
-    from cpmatrix.run.executors import EXECUTORS, executor_for
 
     declared = [kind for e in EXECUTORS for kind in e.kinds]
     assert sorted(declared) == sorted(KINDS), "matrix.schema.KINDS and the executors' kinds"
@@ -115,7 +115,7 @@ def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
 
     from cpmatrix.cell import CellContext
     from cpmatrix.matrix.schema import Cell, Mesh
-    from cpmatrix.remote.protocol import CellSpec
+    from cpmatrix.worker.protocol import CellSpec
 
     cell = Cell(id="t[layer,2x3,bf16,autocast=on,kernel]@cuda", target="t", case="m:f",
                 kind="property", level="layer", mesh=Mesh.parse("2x3"), dtype="bf16",
@@ -139,9 +139,9 @@ def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
 
 
 def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
-    homes = {"CellSpec": {"remote/protocol/records.py"},
+    homes = {"CellSpec": {"worker/protocol/records.py"},
              # The pytest front's own fixture: a context of a plain pytest test, no spec.
-             "CellContext": {"cell.py", "pytest_front/plugin.py"}}
+             "CellContext": {"cell.py", "kinds/pytest/plugin.py"}}
     found = []
     for rel, p in _sources():
         for node in ast.walk(ast.parse(p.read_text())):

@@ -1,4 +1,4 @@
-"""``cpmatrix run --order matrix|reverse|random[:SEED]`` (``cpmatrix.run.ordering``): the
+"""``cpmatrix run --order matrix|reverse|random[:SEED]`` (``cpmatrix.plan.ordering``): the
 parsed order, the cells in it, a world planned in it, and the seed that repeats it.
 ``tests/worlds/test_order.py`` runs the reference suite and the recipes in all three."""
 
@@ -10,11 +10,11 @@ import pytest
 
 from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import Cell, Mesh
-from cpmatrix.run import ordering
+from cpmatrix.plan import ordering
+from cpmatrix.plan.batches import plan_batches
+from cpmatrix.plan.ordering import Order, arrange, parse_order
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.ordering import Order, arrange, parse_order
-from cpmatrix.run.packing import PackSpec
-from cpmatrix.run.plan import plan_batches
 
 
 def test_doctests_run() -> None:

@@ -1,5 +1,5 @@
-"""The packing of a world's cells onto its ranks (run/packing.py), and the agreement its
-ranks reach before each cell (remote/subworld.py).
+"""The packing of a world's cells onto its ranks (plan/packing.py), and the agreement its
+ranks reach before each cell (worker/subworld.py).
 
 The properties a world relies on, for any cells: no rank runs two cells at once in the
 plan; and, the one that matters at run time, executing the plan's *order* with any real
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpmatrix.remote.subworld import SubWorld
-from cpmatrix.run.packing import Packing, PackSpec, pack
+from cpmatrix.plan.packing import Packing, PackSpec, pack
+from cpmatrix.worker.subworld import SubWorld
 
 
 def cells_and_ranks() -> st.SearchStrategy[tuple[list[int], list[float], int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cpmatrix.matrix.schema import Cell, Mesh
-from cpmatrix.run.plan import DevicePool, plan_batches
+from cpmatrix.plan.batches import DevicePool, plan_batches
 
 
 def cell(name: str, mesh: str, timeout: int = 60, platform: str = "cpu") -> Cell:

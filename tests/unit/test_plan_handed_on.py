@@ -1,6 +1,6 @@
 """The plan's packing is computed once and executed as given.
 
-The planner packs each batch (:func:`cpmatrix.run.plan.plan_batches`); the session hands
+The planner packs each batch (:func:`cpmatrix.plan.batches.plan_batches`); the session hands
 that packing to the batch's job, which places its cells by it and never packs them again
 (only cells a job hands back after a fault are packed anew, for the world they get).
 The packer is counted: a job that packs its planned cells again fails the test.
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Mesh, Platform
-from cpmatrix.run import packing as packing_module
+from cpmatrix.plan import packing as packing_module
+from cpmatrix.plan.packing import PackSpec, pack
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.world import WorldRun
-from cpmatrix.run.packing import PackSpec, pack
 from cpmatrix.run.runners import get_runner
 from cpmatrix.run.session import JobPool, Known, _plan_session, _Session
 from cpmatrix.run.settings import PlanSettings
@@ -113,7 +113,7 @@ def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int])
 def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     """``--keep-order`` (matrix order, one cell at a time, to bisect a state leak) is said
     once, by the run's pack (``setup.pack_spec``: ``serial``), and the plan follows it."""
-    from cpmatrix.run.executors import plan_all
+    from cpmatrix.kinds.executors import plan_all
     from cpmatrix.run.options import RunOptions
     from cpmatrix.run.schedulers import scheduler_for
     from cpmatrix.run.setup import pack_spec

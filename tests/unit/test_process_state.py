@@ -1,5 +1,5 @@
 """The inventory of process-wide settings, the namespace watch and the per-cell environment
-(remote/inventory.py, remote/namespaces.py, remote/cellenv.py), in this process.
+(worker/inventory.py, worker/namespaces.py, worker/cellenv.py), in this process.
 
 Each test changes something process-wide the way a case would and checks that it is put
 back (or reported); the worlds that do the same between real cells are in
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from cpmatrix.remote.cellenv import c_environ, cell_env
-from cpmatrix.remote.inventory import Inventory, settings
-from cpmatrix.remote.namespaces import NamespaceWatch, version_tags_work
+from cpmatrix.worker.cellenv import c_environ, cell_env
+from cpmatrix.worker.inventory import Inventory, settings
+from cpmatrix.worker.namespaces import NamespaceWatch, version_tags_work
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "running.md"
 
@@ -220,7 +220,7 @@ def test_a_restore_that_leaves_the_inherited_method_on_the_class_is_no_patch(
 
 
 def test_every_self_patching_namespace_is_listed_as_not_covered() -> None:
-    from cpmatrix.remote.namespaces import SELF_PATCHING
+    from cpmatrix.worker.namespaces import SELF_PATCHING
 
     section = DOCS.read_text().split("#### Not covered (and why)", 1)[1]
     assert all(f"`{name}`" in section for name in SELF_PATCHING)

@@ -1,7 +1,7 @@
-"""The world protocol (``cpmatrix.remote.protocol``): named once, spelled nowhere else.
+"""The world protocol (``cpmatrix.worker.protocol``): named once, spelled nowhere else.
 
 Its typed records round-trip and refuse what is not theirs; its store words parse back;
-and neither side of the protocol (the ranks in ``remote/``, the supervisor in
+and neither side of the protocol (the ranks in ``worker/``, the supervisor in
 ``run/executors/``) spells one of its file names, store keys or words by hand.
 """
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.remote import protocol
-from cpmatrix.remote.protocol import (
+from cpmatrix.run.executors.attribution import launcher_root_cause
+from cpmatrix.worker import protocol
+from cpmatrix.worker.protocol import (
     PeerReport,
     Ready,
     RootCause,
@@ -27,12 +28,12 @@ from cpmatrix.remote.protocol import (
     store,
     write_typed,
 )
-from cpmatrix.remote.subworld import SubWorld
-from cpmatrix.run.executors.attribution import launcher_root_cause
+from cpmatrix.worker.subworld import SubWorld
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
-#: The two sides of the protocol.
-SIDES = (SRC / "remote", SRC / "run" / "executors")
+#: The two sides of the protocol (the kinds' executors and jobs with the supervisor's).
+SIDES = (SRC / "worker", SRC / "run" / "executors", SRC / "kinds" / "world",
+         SRC / "kinds" / "compile", SRC / "kinds" / "pytest" / "executor.py")
 
 #: What the protocol spells: a string literal (or an f-string's text) of either side
 #: matching one of these is a spelling by hand.
@@ -78,7 +79,7 @@ def _literals(path: Path) -> list[tuple[int, str]]:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for side in SIDES for p in side.rglob("*.py")
+    return sorted(p for side in SIDES for p in (side.rglob("*.py") if side.is_dir() else [side])
                   if "protocol" not in p.relative_to(SRC).parts)
 
 
@@ -92,7 +93,7 @@ def _found(paths: list[Path], root: Path = SRC) -> list[str]:
 
 def test_no_side_spells_the_protocol_by_hand() -> None:
     found = _found(_sources())
-    assert found == [], "use cpmatrix.remote.protocol:\n" + "\n".join(found)
+    assert found == [], "use cpmatrix.worker.protocol:\n" + "\n".join(found)
 
 
 def test_the_scan_is_not_vacuous(tmp_path: Path) -> None:

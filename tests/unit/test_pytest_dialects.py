@@ -22,7 +22,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     create_local_tensor_test_class,
 )
 
-from cpmatrix.pytest_front.dialects import DialectError, Placement, placement
+from cpmatrix.kinds.pytest.dialects import DialectError, Placement, placement
 
 
 class Mark:

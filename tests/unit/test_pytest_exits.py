@@ -1,12 +1,12 @@
 """``pytest.exit()`` reported by a rank: which tests the controller still reports and
-when it stops the worlds (:class:`cpmatrix.pytest_front.exits.SessionExit`)."""
+when it stops the worlds (:class:`cpmatrix.kinds.pytest.exits.SessionExit`)."""
 
 from __future__ import annotations
 
 import doctest
 
-from cpmatrix.pytest_front import exits
-from cpmatrix.pytest_front.exits import SessionExit
+from cpmatrix.kinds.pytest import exits
+from cpmatrix.kinds.pytest.exits import SessionExit
 
 ORDER = ["t::a", "t::b", "t::c", "t::d"]
 

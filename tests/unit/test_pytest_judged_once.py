@@ -1,8 +1,8 @@
 """A pytest cell's verdict is judged once and handed on, as pytest-xdist replays reports.
 
 The job judges the result it makes from the ranks' files
-(:func:`cpmatrix.matrix.pytest_records.judged_cell`); the pytest front replays that
-judgement (:func:`~cpmatrix.matrix.pytest_records.judgement`) and judges only a result
+(:func:`cpmatrix.kinds.pytest.records.judged_cell`); the pytest front replays that
+judgement (:func:`~cpmatrix.kinds.pytest.records.judgement`) and judges only a result
 no job judged (one the run composed later: a crash that passed when retried). A source
 scan keeps the judging in one place: a second call of the judge anywhere fails it.
 """
@@ -14,8 +14,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from cpmatrix.kinds.pytest.records import REPORTS_FILE, Judged, judged_cell, judgement
 from cpmatrix.layout import rank_dir
-from cpmatrix.matrix.pytest_records import REPORTS_FILE, Judged, judged_cell, judgement
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
@@ -23,12 +23,12 @@ NODEID = "test_x.py::test_y"
 
 
 #: The modules whose names the scan follows (other modules have judges of their own).
-VERDICT_MODULES = ("cpmatrix.matrix.pytest_verdict", "cpmatrix.matrix.pytest_records")
+VERDICT_MODULES = ("cpmatrix.kinds.pytest.verdict", "cpmatrix.kinds.pytest.records")
 
 
 def _imports_verdict(tree: ast.Module, path: Path) -> bool:
-    if path.relative_to(PACKAGE).as_posix() in ("matrix/pytest_verdict.py",
-                                                 "matrix/pytest_records.py"):
+    if path.relative_to(PACKAGE).as_posix() in ("kinds/pytest/verdict.py",
+                                                 "kinds/pytest/records.py"):
         return True
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module in VERDICT_MODULES:
@@ -67,12 +67,12 @@ def _calls(name: str) -> list[str]:
 def test_the_verdict_is_judged_in_one_place() -> None:
     # The judge over the ranks' phases, the records read back and the result rewritten:
     # each in one function, and the front reaches them only through `judgement`.
-    assert _calls("judge") == ["matrix/pytest_records.py:judgement"]
-    assert _calls("phases_of") == ["matrix/pytest_records.py:judgement"]
-    assert _calls("judged_result") == ["matrix/pytest_records.py:judged_cell"]
-    assert _calls("judged_cell") == ["run/executors/pytest_world.py:_judged"]
-    assert _calls("judgement") == ["matrix/pytest_records.py:judged_cell",
-                                   "pytest_front/controller.py:_on_result"]
+    assert _calls("judge") == ["kinds/pytest/records.py:judgement"]
+    assert _calls("phases_of") == ["kinds/pytest/records.py:judgement"]
+    assert _calls("judged_result") == ["kinds/pytest/records.py:judged_cell"]
+    assert _calls("judged_cell") == ["kinds/pytest/executor.py:_judged"]
+    assert _calls("judgement") == ["kinds/pytest/controller.py:_on_result",
+                                   "kinds/pytest/records.py:judged_cell"]
 
 
 def _write(cell_dir: Path, call: dict[int, str]) -> None:
@@ -130,11 +130,11 @@ def test_a_result_no_job_judged_is_judged_by_the_front(tmp_path: Path) -> None:
 def test_a_crash_is_judged_with_its_kept_folder_named(tmp_path: Path) -> None:
     """The job judges a crash or hang once its working folder is named in the world's
     message (the verdict quotes that message): the replayed verdict names the folder."""
+    from cpmatrix.kinds.pytest.executor import PytestWorldRun
     from cpmatrix.layout import work_folder
     from cpmatrix.matrix.schema import Cell, Mesh, Platform
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
-    from cpmatrix.run.executors.pytest_world import PytestWorldRun
     from cpmatrix.run.runners import get_runner
 
     cell = Cell(id="pytest[unit,1x2]@cpu", target="pytest", case="m:f", kind="pytest",

@@ -1,7 +1,7 @@
 """The pytest front's flags: all declared as fields, the front's own ones unchanged.
 
 Every ``--cpmatrix*`` flag is a field of :class:`~cpmatrix.run.options.RunOptions` or of
-:class:`~cpmatrix.pytest_front.options.FrontOptions` with a pytest flag, added by one
+:class:`~cpmatrix.kinds.pytest.options.FrontOptions` with a pytest flag, added by one
 function; the plugin declares none by hand. The front's own flags keep the names,
 defaults and help users know (frozen here as they were when declared by hand).
 """
@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from cpmatrix.pytest_front import plugin
-from cpmatrix.pytest_front.options import FrontOptions
+from cpmatrix.kinds.pytest import plugin
+from cpmatrix.kinds.pytest.options import FrontOptions
 from cpmatrix.run.options import RunOptions
 from plugin_options import plugin_options
 

@@ -1,5 +1,5 @@
 """What the fork launcher imports for a world's test files before the ranks fork
-(:mod:`cpmatrix.pytest_front.preload`): only unconditional imports of installed modules,
+(:mod:`cpmatrix.kinds.pytest.preload`): only unconditional imports of installed modules,
 found at the same place by the rank, never a pytest plugin's package or the project's."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ast
 import sys
 from pathlib import Path
 
-from cpmatrix.pytest_front.preload import (
+from cpmatrix.kinds.pytest.preload import (
     early_imports,
     files_to_read,
     installed_imports,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cpmatrix.matrix.pytest_spec import PytestSession
-from cpmatrix.pytest_front.rank import RANK_ARGS, pinned_args, rank_args
-from cpmatrix.pytest_front.reports import _WORKER_BLOCK
+from cpmatrix.kinds.pytest.rank_session import RANK_ARGS, pinned_args, rank_args
+from cpmatrix.kinds.pytest.reports import _WORKER_BLOCK
+from cpmatrix.kinds.pytest.spec import PytestSession
 
 
 @pytest.mark.parametrize("args, kept", [
@@ -46,11 +46,11 @@ TAIL = """\
 before the test
 cpmatrix worker: cell s[unit,1x2,test=a] failed on rank 1:
 Traceback (most recent call last):
-  File "/x/cpmatrix/remote/worker.py", line 10, in run
+  File "/x/cpmatrix/worker/worker.py", line 10, in run
     case(cell)
-  File "/x/cpmatrix/pytest_front/rank.py", line 20, in case
+  File "/x/cpmatrix/kinds/pytest/rank_session.py", line 20, in case
     raise PytestFailure(text)
-cpmatrix.pytest_front.rank.PytestFailure: test failed: see its report
+cpmatrix.kinds.pytest.rank_session.PytestFailure: test failed: see its report
 after the test
 """
 

@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.errors import SpecError
-from cpmatrix.matrix.cellid import parse_cell_id
-from cpmatrix.matrix.expand import expand
-from cpmatrix.matrix.load import parse_matrix
-from cpmatrix.matrix.pytest_sources import SourceDigests
-from cpmatrix.matrix.pytest_spec import (
+from cpmatrix.kinds.pytest.adapter import platform_for
+from cpmatrix.kinds.pytest.sources import SourceDigests
+from cpmatrix.kinds.pytest.spec import (
     CASE,
     ISOLATED_TAG,
     PytestSession,
@@ -22,8 +20,10 @@ from cpmatrix.matrix.pytest_spec import (
     cells_for,
     slug_of,
 )
+from cpmatrix.matrix.cellid import parse_cell_id
+from cpmatrix.matrix.expand import expand
+from cpmatrix.matrix.load import parse_matrix
 from cpmatrix.matrix.schema import Cell, Matrix, Platform, Target
-from cpmatrix.pytest_front.adapter import platform_for
 
 CPU = Platform(name="cpu", backend="gloo", device="cpu")
 SESSION = PytestSession(dir="/r", args=("tests",), rootdir="/r")

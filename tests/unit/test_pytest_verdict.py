@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cpmatrix.matrix.pytest_records import judged_result, phases_of
-from cpmatrix.matrix.pytest_verdict import RankPhase, Verdict, fault_of, judge
+from cpmatrix.kinds.pytest.records import judged_result, phases_of
+from cpmatrix.kinds.pytest.verdict import RankPhase, Verdict, fault_of, judge
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 
 

@@ -10,8 +10,8 @@ import pytest
 # protobuf is in the dev extra for this test alone: a missing one is a setup error, not a skip.
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from cpmatrix.run import reapi
-from cpmatrix.run.reapi import ActionResult, Digest, OutputFile
+from cpmatrix.cache import reapi
+from cpmatrix.cache.reapi import ActionResult, Digest, OutputFile
 
 
 def _classes() -> tuple[type, type, type]:

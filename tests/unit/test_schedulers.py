@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from cpmatrix.errors import UsageError
-from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.result import Result
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.options import RunOptions
@@ -16,6 +15,7 @@ from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.schedulers import HostScheduler, SlurmScheduler, scheduler_for
 from cpmatrix.run.settings import FaultTimings, SlurmSettings
 from cpmatrix.run.slurm import JobState, SlurmJob, SlurmRunner
+from cpmatrix.worker.procs import WORLD_TOKEN
 
 
 def test_the_scheduler_is_picked_once_from_the_options() -> None:

@@ -1,4 +1,4 @@
-"""Cutting a cell (cpmatrix.remote.sever) on real loopback connections and a real store."""
+"""Cutting a cell (cpmatrix.worker.sever) on real loopback connections and a real store."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from cpmatrix.remote import sever
+from cpmatrix.worker import sever
 
 
 def _pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:

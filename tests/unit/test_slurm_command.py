@@ -7,13 +7,14 @@ import doctest
 
 import pytest
 
-from cpmatrix.remote.procs import WORLD_TOKEN
+from cpmatrix.plan import balance
 from cpmatrix.report import merge
-from cpmatrix.run import balance, sharding, slurm
+from cpmatrix.run import sharding, slurm
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.run.runners.local import LocalRunner
 from cpmatrix.run.settings import SlurmSettings
 from cpmatrix.run.slurm import JobState, SlurmRunner, job_name, parse_states
+from cpmatrix.worker.procs import WORLD_TOKEN
 
 
 @pytest.mark.parametrize("module", [balance, sharding, slurm, merge])

@@ -1,5 +1,5 @@
 """The torch flags the inventory restores are enumerated from the installed torch
-(``cpmatrix.remote.torch_flags``): this test scans torch on its own, so a setting a new
+(``cpmatrix.worker.torch_flags``): this test scans torch on its own, so a setting a new
 torch adds is restored or written down as excluded, with why (issue 30, row 5)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from cpmatrix.remote import torch_flags
-from cpmatrix.remote.inventory import Inventory, settings
-from cpmatrix.remote.torch_flags import EXCLUDED, candidates
+from cpmatrix.worker import torch_flags
+from cpmatrix.worker.inventory import Inventory, settings
+from cpmatrix.worker.torch_flags import EXCLUDED, candidates
 
 torch = pytest.importorskip("torch")
 

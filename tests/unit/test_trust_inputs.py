@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from junitparser import JUnitXml
 
+from cpmatrix.cache.key import ResultCache
 from cpmatrix.cli import main
 from cpmatrix.errors import SpecError
 from cpmatrix.gate import gate_main, load_policies
 from cpmatrix.report import read_report
 from cpmatrix.report.junit import merge_junit, results_to_junit, write_junit
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.cache import ResultCache
 from matrix_files import HEAD, write_matrix
 
 
@@ -209,11 +209,11 @@ def _two_rank_cell() -> tuple[Any, Any]:
 
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
-    from cpmatrix.remote.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
+    from cpmatrix.kinds.world.job import WorldRun
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
-    from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners import get_runner
+    from cpmatrix.worker.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
 
     cell, platform = _two_rank_cell()
 
@@ -245,9 +245,9 @@ def test_a_world_that_cannot_be_launched_hands_its_cells_back_as_a_failed_start(
     """An OS error launching the world (disk full, no interpreter) is a failed start: the
     session retries it, then fails the cells naming the error. (It used to report the
     cells itself after marking the job finished, and a finished job is never polled.)"""
+    from cpmatrix.kinds.world.job import WorldRun
     from cpmatrix.run.context import RunContext
     from cpmatrix.run.entry import Entry
-    from cpmatrix.run.executors.world import WorldRun
     from cpmatrix.run.runners.base import Launch
     from cpmatrix.run.runners.local import LocalRunner
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cpmatrix.cache.key import ActionKeys, ResultCache
 from cpmatrix.result import Result, Status
-from cpmatrix.run.cache import ActionKeys, ResultCache
 
 RES = Path(__file__).parents[1] / "resources"
 

@@ -1,4 +1,4 @@
-"""The fork launcher (``cpmatrix.remote.forkrun``) on its own: the ranks it forks get
+"""The fork launcher (``cpmatrix.worker.forkrun``) on its own: the ranks it forks get
 torchrun's variables, die with it, and the first failing rank is named; it refuses to
 fork once a thread exists. (Through the product, every world test runs on it: it is the
 default ``--launcher``.) The first failing rank is a typed record for the supervisor
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli, wait_for
-from cpmatrix.remote.protocol import RootCause, WorldFolder, read_typed
 from cpmatrix.run.executors.attribution import torchrun_root_cause
+from cpmatrix.worker.protocol import RootCause, WorldFolder, read_typed
 
 RES = Path(__file__).parents[1] / "resources" / "fork"
 
@@ -36,7 +36,7 @@ def launch(out: Path, module: str, *args: str) -> subprocess.Popen[bytes]:
         "PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
     with open(out / "launcher.log", "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "cpmatrix.remote.forkrun", "--nproc-per-node=3",
+            [sys.executable, "-m", "cpmatrix.worker.forkrun", "--nproc-per-node=3",
              f"--master-port={free_port()}", f"--root-cause-file={out / 'cause.json'}",
              "-m", module, str(out), *args],
             env=env, stdout=log, stderr=subprocess.STDOUT)

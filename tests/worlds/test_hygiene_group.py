@@ -1,4 +1,4 @@
-"""The point-to-point counter of remote/hygiene.py on a real gloo group: two processes
+"""The point-to-point counter of worker/hygiene.py on a real gloo group: two processes
 (this one and a fork), no cpmatrix world around them. The decision it feeds is tested
 pure in tests/unit/test_hygiene.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from cpmatrix.remote.hygiene import GroupLedger, install_p2p_counter, judge
+from cpmatrix.worker.hygiene import GroupLedger, install_p2p_counter, judge
 
 
 def _rank(rank: int, path: str) -> dict[str, Any]:

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from cli_runner import RES, run_cli
+from cpmatrix.cache.key import WORKER_ENTRIES, ActionKeys
+from cpmatrix.cache.portable import Anchors
 from cpmatrix.paths import PACKAGE_DIR
-from cpmatrix.run.cache import WORKER_ENTRIES, ActionKeys
-from cpmatrix.run.portable import Anchors
 
 pytestmark = pytest.mark.slow
 

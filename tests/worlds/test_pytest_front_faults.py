@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.remote.procs import processes_with_token
+from cpmatrix.worker.procs import processes_with_token
 from pytest_front_runs import SUITES, Run, env, pytest_run, read_junit
 
 pytestmark = pytest.mark.slow

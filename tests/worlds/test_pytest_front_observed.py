@@ -95,7 +95,7 @@ def test_a_file_read_by_an_installed_module_imported_before_the_fork_is_observed
     tmp_path: Path,
 ) -> None:
     # The fork launcher imports the installed modules a test file imports first, once,
-    # before the ranks exist (pytest_front/preload.py): what they read is still every
+    # before the ranks exist (kinds/pytest/preload.py): what they read is still every
     # cell's input.
     suite = tmp_path / "suite"
     pkg = suite / "site" / "cpmx_obs_installed"

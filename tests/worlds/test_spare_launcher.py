@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.remote.procs import WORLD_TOKEN
 from cpmatrix.run.executors.launch import launcher_argv
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.run.runners.local import LocalRunner
+from cpmatrix.worker.procs import WORLD_TOKEN
 from pytest_front_runs import pytest_run
 
 pytestmark = pytest.mark.slow

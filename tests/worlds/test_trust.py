@@ -304,7 +304,7 @@ def test_ctrl_c_keeps_finished_results_and_a_second_run_cannot_share_out(
     assert len(cases) == 4
     skipped = cases["s2_sleeper"].result[0]
     assert type(skipped).__name__ == "Skipped" and "interrupted" in skipped.message
-    assert processes_with(f"cpmatrix.remote.world_main {out}") == []
+    assert processes_with(f"cpmatrix.worker.world_main {out}") == []
 
 
 @pytest.mark.slow
@@ -358,7 +358,7 @@ def test_sigkill_of_cpmatrix_takes_torchrun_and_the_ranks_down(tmp_path: Path) -
 @pytest.mark.docker
 def test_sigkill_of_cpmatrix_ends_the_docker_world(tmp_path: Path) -> None:
     """Killing the ``docker run`` client leaves its container running: the watchdog inside
-    (``cpmatrix.remote.watchdog``) must end it, ranks and all, when cpmatrix is gone."""
+    (``cpmatrix.worker.watchdog``) must end it, ranks and all, when cpmatrix is gone."""
     if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode:
         pytest.skip("docker tests need a running engine")
     out = tmp_path / "out"
@@ -411,7 +411,7 @@ def test_an_interpreter_that_cannot_run_is_a_usage_error(tmp_path: Path) -> None
 def test_internal_error_exits_4_and_still_writes_the_report(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cpmatrix import cli
-    from cpmatrix.run.executors import world as supervise
+    from cpmatrix.kinds.world import job as supervise
 
     out = tmp_path / "out"
     out.mkdir()
@@ -430,7 +430,7 @@ def test_internal_error_exits_4_and_still_writes_the_report(
     (r,) = json.loads((out / "results.json").read_text())
     assert r["status"] == "crash" and "internal error" in r["message"]
     assert "planted internal bug" in r["message"]
-    assert processes_with(f"cpmatrix.remote.world_main {out}") == []
+    assert processes_with(f"cpmatrix.worker.world_main {out}") == []
 
 
 def test_report_files_get_the_users_normal_mode(tmp_path: Path) -> None:

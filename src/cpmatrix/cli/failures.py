@@ -13,7 +13,7 @@
 Example::
 
     >>> tb = ('Traceback (most recent call last):\\n'
-    ...       '  File "/x/cpmatrix/remote/case.py", line 120, in run_cell\\n    case(ctx)\\n'
+    ...       '  File "/x/cpmatrix/worker/case.py", line 120, in run_cell\\n    case(ctx)\\n'
     ...       '  File "/me/cases.py", line 15, in f\\n    check(x)\\n'
     ...       'AssertionError: 1 != 2\\n')
     >>> print("\\n".join(trim_traceback(tb)))

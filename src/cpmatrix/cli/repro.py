@@ -49,13 +49,13 @@ from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.case_check import check_cases
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
-from cpmatrix.remote.protocol import WorldFolder
 from cpmatrix.report.last_failed import FailedEntry, read_last_failed
 from cpmatrix.result import Status, read_results
-from cpmatrix.run.mutants import discover_mutants
+from cpmatrix.run.declared_mutants import discover_mutants
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import check_options, reproduce
 from cpmatrix.suggest import did_you_mean
+from cpmatrix.worker.protocol import WorldFolder
 
 __all__ = ["LogStreamer", "add_parsers", "failed_in", "run"]
 

@@ -134,7 +134,7 @@ def decide(policy: str, report: Path, baseline: Path | None, gates_file: Path,
     malformed gates file, an unknown policy, an unreadable report or baseline, or a report
     without source digests where a matrix is given.
     """
-    from cpmatrix.run.provenance import expanded_digests
+    from cpmatrix.cache.provenance import expanded_digests
 
     policies = load_policies(gates_file)
     if policy not in policies:

@@ -207,7 +207,7 @@ Collect = Callable[[Matrix, Target, int], list[Cell]]
 
 def _collect_target(matrix: Matrix, target: Target, index: int) -> list[Cell]:
     """pytest's collection, in a subprocess (imported here: only pytest targets need it)."""
-    from cpmatrix.matrix.pytest_collect import collect_target
+    from cpmatrix.kinds.pytest.collect import collect_target
 
     return collect_target(matrix, target, index)
 
@@ -268,7 +268,7 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None,
     ``source_of(module) -> bytes`` reads a case module's source for the digest; by
     default modules are looked up on the matrix's ``pythonpath`` then ``sys.path``.
     A ``pytest:`` target's cells are its collected tests (``collect``; by default
-    :func:`cpmatrix.matrix.pytest_collect.collect_target`, which runs pytest's collection in
+    :func:`cpmatrix.kinds.pytest.collect.collect_target`, which runs pytest's collection in
     a subprocess); excludes and includes do not apply to them (select with ``-k``/``--tag``).
 
     Raises :class:`SpecError` when a case module is missing, an include applies to

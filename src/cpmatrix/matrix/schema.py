@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 from cpmatrix.cell import TORCH_DTYPES
 from cpmatrix.defaults import TIMEOUT_S
+from cpmatrix.module_names import PYTEST_CASE
 
 __all__ = [
     "ALLOWED_KEYS",
@@ -58,8 +59,6 @@ LEVELS: Final = ("unit", "layer", "module", "workflow")
 DTYPES: Final = tuple(TORCH_DTYPES)  # fp64, fp32, bf16, fp16
 AUTOCAST: Final = ("off", "on")
 PATHS: Final = ("reference", "kernel")
-#: The case every ``pytest`` cell runs: the pytest front's in-rank runner.
-PYTEST_CASE: Final = "cpmatrix.pytest_front.rank:case"
 #: What a target runs as. ``parity`` and ``property`` cases run in worlds of ranks;
 #: ``pytest`` targets' collected tests too, each rank in a pytest session (docs/pytest.md).
 KINDS: Final = ("parity", "property", "spill", "pytest")
@@ -211,7 +210,7 @@ class Mesh:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RemoteCacheSetting:
     """A matrix's committed ``remote_cache:`` (the URL is checked when a run uses it,
-    by :mod:`cpmatrix.run.remote_cache`; errors name ``file:line:column``)."""
+    by :mod:`cpmatrix.cache.http`; errors name ``file:line:column``)."""
 
     url: str
     read_only: bool = False
@@ -401,7 +400,7 @@ class Cell:
     #: the case from any other file (a module of the same name earlier on its path).
     case_file: str = field(compare=False, default="")
     #: For pytest cells: the canonical JSON of the test to run (its node id, dialect) and
-    #: of the pytest session it was collected in (``cpmatrix.matrix.pytest_spec``).
+    #: of the pytest session it was collected in (``cpmatrix.kinds.pytest.spec``).
     pytest: str = ""
 
     @property

@@ -41,7 +41,7 @@ from cpmatrix.parity.errors import Check
 from cpmatrix.parity.verdict import CheckOutcome
 
 if TYPE_CHECKING:
-    from cpmatrix.parity._verdicts import Verdicts
+    from cpmatrix.parity._report import Verdicts
 
 __all__ = [
     "DISCARDED_IMAGINARY",

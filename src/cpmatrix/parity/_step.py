@@ -34,8 +34,8 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
+from cpmatrix.parity._report import Verdicts
 from cpmatrix.parity._twin import Twin
-from cpmatrix.parity._verdicts import Verdicts
 from cpmatrix.parity._weights import sharded_state
 from cpmatrix.parity.compare import compare_named
 from cpmatrix.parity.errors import Check, ParityError, odd_input_fails

@@ -24,6 +24,13 @@ from cpmatrix.parity._inputs import (
     serial_layout,
     tensors_of,
 )
+from cpmatrix.parity._report import (
+    ParityReport,
+    Verdicts,
+    check_buffers,
+    check_param_grads,
+    finish,
+)
 from cpmatrix.parity._second import attach, needs_second, row_shards, second_sample
 from cpmatrix.parity._step import (
     EnterStep,
@@ -39,13 +46,6 @@ from cpmatrix.parity._twin import (
     outputs_of,
     run_probes,
     upcast_inputs,
-)
-from cpmatrix.parity._verdicts import (
-    ParityReport,
-    Verdicts,
-    check_buffers,
-    check_param_grads,
-    finish,
 )
 from cpmatrix.parity._weights import (
     PrepareCP,

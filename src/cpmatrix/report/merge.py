@@ -6,7 +6,7 @@ cell reported.
 the whole selection and the cells of this shard. Every run also records its source
 (``run.json``: the source digest of every cell of the selection, the matrix digest,
 cpmatrix's version, the git commit; each result carries its own, see
-:mod:`cpmatrix.run.provenance`). :func:`merge_shards` reads the folders and writes one
+:mod:`cpmatrix.cache.provenance`). :func:`merge_shards` reads the folders and writes one
 ``report.xml``, ``results.json``, ``durations.json`` and ``run.json``:
 
 - **one source**: folders that give one cell different source digests (yesterday's

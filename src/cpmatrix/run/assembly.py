@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cpmatrix.cache.key import ActionKeys
 from cpmatrix.matrix.schema import Cell, Matrix
-from cpmatrix.run.cache import ActionKeys
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.schedulers import Scheduler
 from cpmatrix.run.session import JobPool, Known, Watch, run_cells
 from cpmatrix.run.setup import PreparedRun, make_context, pack_spec, prepare_run

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cpmatrix.defaults import LAUNCHER
-from cpmatrix.run.packing import PackSpec
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.settings import FaultTimings, Launcher
 
@@ -40,12 +40,12 @@ class RunContext:
     run_id: str = ""
     #: The interpreter that launches the children (``--python``).
     python: str = sys.executable
-    #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.remote.forkrun`) or ``torchrun``.
+    #: How a world's ranks start: ``fork`` (:mod:`cpmatrix.worker.forkrun`) or ``torchrun``.
     launcher: Launcher = LAUNCHER
     #: The children's ``PYTHONPATH``: the matrix's pythonpath, then cpmatrix's import root.
     pythonpath: tuple[str, ...] = ()
     #: The matrix's own pythonpath folders: modules a cell imports from them are
-    #: re-imported afresh for the next cell (see :mod:`cpmatrix.remote.isolation`).
+    #: re-imported afresh for the next cell (see :mod:`cpmatrix.worker.isolation`).
     project_roots: tuple[str, ...] = ()
     #: Folders a hermetic runner mounts read-only besides ``pythonpath`` (the matrix's).
     readonly: tuple[str, ...] = ()
@@ -59,7 +59,7 @@ class RunContext:
     compile_cache: Path | None = None
     #: The environment the hermetic allow-list is read from.
     source_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    #: Per cell id, the source identity its results carry (:mod:`cpmatrix.run.provenance`).
+    #: Per cell id, the source identity its results carry (:mod:`cpmatrix.cache.provenance`).
     sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: ``--order`` as given (``random:SEED`` with its seed), "" for the planner's own.
     order: str = ""

@@ -33,8 +33,8 @@ from typing import Any
 
 from cpmatrix.defaults import LAUNCHER, RUNNER
 from cpmatrix.errors import UsageError
-from cpmatrix.run.balance import parse_shard
-from cpmatrix.run.ordering import parse_order
+from cpmatrix.plan.balance import parse_shard
+from cpmatrix.plan.ordering import parse_order
 from cpmatrix.run.settings import (
     PLAN_DEFAULTS,
     CacheSettings,
@@ -244,7 +244,7 @@ class RunOptions:
         if self.remote_cache:  # checked at parse time: a bad URL is exit 2 before any run
             # Imported here: the pytest plugin reads these declarations in every pytest
             # run, and the HTTP client is most of their import time.
-            from cpmatrix.run.remote_cache import RemoteSettings
+            from cpmatrix.cache.http import RemoteSettings
 
             RemoteSettings.parse(self.remote_cache)
         # Once, here: the worlds run in folders of their own (frozen: set in place).

@@ -31,21 +31,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Protocol
 
+from cpmatrix.cache.key import ActionKeys
+from cpmatrix.cache.layers import remote_settings
+from cpmatrix.cache.provenance import cell_digests, run_source
 from cpmatrix.errors import ExitCode
+from cpmatrix.kinds.executors import plan_all
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
+from cpmatrix.plan.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
 from cpmatrix.run.assembly import Assembled, Front, assemble
-from cpmatrix.run.cache import ActionKeys
-from cpmatrix.run.cache_layers import remote_settings
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import plan_all
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.ordering import Order, arrange, failed_first, parse_order
-from cpmatrix.run.outcome import RunReport
 from cpmatrix.run.outdir import OutClaim, claim_out
-from cpmatrix.run.provenance import cell_digests, run_source
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.schedulers import Scheduler, scheduler_for
 from cpmatrix.run.session import Watch
 from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec

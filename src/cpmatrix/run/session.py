@@ -1,7 +1,7 @@
 """A run: plan -> jobs (with restarts and retries) -> results -> merged report.
 
 :func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop and knows
-no cell kind: each cell's executor (:mod:`cpmatrix.run.executors`) plans its batches and
+no cell kind: each cell's executor (:mod:`cpmatrix.kinds.executors`) plans its batches and
 makes the jobs that run them; fault handling lives in the executors, what a result
 means in :mod:`cpmatrix.run.policies`.
 
@@ -12,7 +12,7 @@ cannot start is retried twice and then its cells fail with the launcher's error;
 report is written atomically, in a ``finally``: after Ctrl-C/SIGTERM (unfinished cells
 ``interrupted``) and after an internal error of cpmatrix (unfinished cells ``crash``, the
 error named, then re-raised).
-When the run ends, no process it started is left (see :mod:`cpmatrix.remote.procs`).
+When the run ends, no process it started is left (see :mod:`cpmatrix.worker.procs`).
 """
 
 from __future__ import annotations
@@ -28,28 +28,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.kinds.executors import Executor, Job, plan_all
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
-from cpmatrix.remote.procs import (
-    descendants,
-    kill_all,
-    processes_with_token,
-    reap_orphans,
-    set_child_subreaper,
-)
+from cpmatrix.plan.batches import DevicePool
+from cpmatrix.plan.packing import Packing
 from cpmatrix.report.history import CellHistory, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import Executor, Job, plan_all
-from cpmatrix.run.outcome import RunReport
-from cpmatrix.run.packing import Packing
-from cpmatrix.run.plan import DevicePool
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
+from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.run.stopping import Stopper, StopRequested
+from cpmatrix.worker.procs import (
+    descendants,
+    kill_all,
+    processes_with_token,
+    reap_orphans,
+    set_child_subreaper,
+)
 
 __all__ = ["JobPool", "Known", "Watch", "run_cells"]
 
@@ -100,7 +100,7 @@ class Known:
     store: Callable[[Cell, Result], str] | None = None
     mutants: Mapping[str, Sequence[str]] | None = None
     #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
-    #: visible, see :func:`cpmatrix.run.plan.fit_to_devices`): reported ``skipped``.
+    #: visible, see :func:`cpmatrix.plan.batches.fit_to_devices`): reported ``skipped``.
     skipped: Sequence[tuple[Cell, str]] = ()
     #: The run's recorded histories, read once before the run
     #: (:meth:`cpmatrix.run.sharding.Recorded.merged`): this run's history starts from them

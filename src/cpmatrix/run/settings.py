@@ -23,6 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
+# The cache's section is the cache's own (cpmatrix.cache sits below the supervisor).
+from cpmatrix.cache.settings import CacheSettings
+
 __all__ = ["PLAN_DEFAULTS", "CacheSettings", "FaultTimings", "Launcher", "Packing", "PlanSettings",
            "RunnerChoice", "SchedulerName", "SlurmSettings", "choices"]
 
@@ -91,13 +94,3 @@ class PlanSettings:
 
 #: A plain run's planning: one run of each cell, the planner's own order.
 PLAN_DEFAULTS: Final = PlanSettings()
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CacheSettings:
-    """The result cache: off, where, and the remote layer (``--no-cache``, ...)."""
-
-    no_cache: bool = False
-    cache_dir: str | None = None
-    remote_cache: str | None = None
-    remote_cache_read_only: bool = False

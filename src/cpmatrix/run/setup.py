@@ -23,31 +23,31 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpmatrix.cache.http import RemoteCache, RemoteSettings
+from cpmatrix.cache.key import ActionKeys, ReadHashes, ResultCache, default_cache_dir
+from cpmatrix.cache.layers import CacheLayers, remote_settings
+from cpmatrix.cache.machine import LocalMachine, MachineIdentity, MachineSource, machine_identity
+from cpmatrix.cache.portable import Anchors, project_root
+from cpmatrix.cache.provenance import cell_digests, run_source, stamp
+from cpmatrix.cache.toolchain import probe_interpreter
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
+from cpmatrix.kinds.executors import executor_for
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
+from cpmatrix.plan.batches import fit_to_devices
+from cpmatrix.plan.devices import visible_cuda_devices
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.result import Result
-from cpmatrix.run.cache import ActionKeys, ReadHashes, ResultCache, default_cache_dir
-from cpmatrix.run.cache_layers import CacheLayers, remote_settings
 from cpmatrix.run.context import RunContext
-from cpmatrix.run.devices import visible_cuda_devices
+from cpmatrix.run.declared_mutants import discover_mutants
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors import executor_for
 from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.machine import LocalMachine, MachineIdentity, MachineSource, machine_identity
-from cpmatrix.run.mutants import discover_mutants
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
-from cpmatrix.run.packing import PackSpec
-from cpmatrix.run.plan import fit_to_devices
-from cpmatrix.run.portable import Anchors, project_root
-from cpmatrix.run.provenance import cell_digests, run_source, stamp
-from cpmatrix.run.remote_cache import RemoteCache, RemoteSettings
 from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
 from cpmatrix.run.schedulers import Scheduler
-from cpmatrix.run.toolchain import probe_interpreter
 
 __all__ = ["PreparedRun", "children_pythonpath", "devices_for", "make_context", "pack_spec",
            "prepare_run"]
@@ -140,7 +140,7 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
             ranks.append((p.name, options.world_ranks))
     # --keep-order: matrix order, one cell at a time (to bisect state leaking between cells).
     serial = options.pack == "serial" or options.keep_order
-    # --order: the cells come in that order, which is their priority (run/ordering.py).
+    # --order: the cells come in that order, which is their priority (plan/ordering.py).
     return PackSpec(serial=serial, ranks=tuple(ranks), whole=tuple(whole),
                     ordered=options.order is not None or options.failed_first)
 
@@ -194,7 +194,7 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     ``keys``: the run's source digests (made here if not given); ``selection``: the whole
     selection when ``cells`` is one shard of it (``run.json`` records the digests of
     all of it); ``order``: ``--order`` as resolved (recorded); ``machine``: what
-    describes the machine (default: this one, :class:`~cpmatrix.run.machine.LocalMachine`).
+    describes the machine (default: this one, :class:`~cpmatrix.cache.machine.LocalMachine`).
 
     Raises :class:`UsageError` (exit 2) for what cannot run here: cuda cells with no
     device, an unusable runner, an interpreter that cannot run, a case whose mutants

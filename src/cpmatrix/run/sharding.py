@@ -20,6 +20,8 @@ from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.layout import DURATIONS, RunLayout
 from cpmatrix.matrix.schema import Cell
+from cpmatrix.plan.balance import parse_shard, shard_cells
+from cpmatrix.plan.packing import PackSpec
 from cpmatrix.report.history import (
     CellHistory,
     durations_of,
@@ -29,9 +31,7 @@ from cpmatrix.report.history import (
 )
 from cpmatrix.report.junit import merge_junit
 from cpmatrix.report.merge import ShardManifest, selection_digest
-from cpmatrix.run.balance import parse_shard, shard_cells
 from cpmatrix.run.options import RunOptions
-from cpmatrix.run.packing import PackSpec
 
 __all__ = ["Recorded", "take_shard", "write_empty_report"]
 
@@ -107,7 +107,7 @@ def take_shard(cells: Sequence[Cell], spec: str, durations: Mapping[str, float]
     """The cells of shard ``spec`` ("K/N"), in selection order, and the shard's manifest.
 
     Every shard job computes the same partition from the same selection and durations
-    (:func:`cpmatrix.run.balance.shard_cells`), so the N jobs need not coordinate.
+    (:func:`cpmatrix.plan.balance.shard_cells`), so the N jobs need not coordinate.
     """
     k, n = parse_shard(spec)
     ids = [c.id for c in cells]

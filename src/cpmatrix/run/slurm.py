@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.remote.procs import WORLD_TOKEN
+from cpmatrix.plan.batches import Batch, expected_s, slot_plan
 from cpmatrix.result import FailureKind, Result, Status
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.executors.base import Executor, Job
-from cpmatrix.run.plan import Batch, expected_s, slot_plan
 from cpmatrix.run.runners.base import Launch, Runner
 from cpmatrix.run.settings import SlurmSettings
+from cpmatrix.worker.procs import WORLD_TOKEN
 
 __all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner",
            "job_name_of", "parse_states", "query_states", "slurm_missing", "slurm_plan",
@@ -395,6 +395,6 @@ def slurm_worlds(cells: Sequence[Cell], durations: Mapping[str, float], max_jobs
 
 def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]], max_jobs: int) -> str:
     """``--dry-run`` with Slurm: the worlds on ``max_jobs`` job slots, longest first, and
-    the expected makespan (see :func:`cpmatrix.run.plan.slot_plan`)."""
+    the expected makespan (see :func:`cpmatrix.plan.batches.slot_plan`)."""
     return slot_plan([b for _, bs in plans for b in bs], max_jobs,
                      where="slurm", unit="jobs (one per world)", flag="--max-jobs")

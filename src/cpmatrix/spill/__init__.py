@@ -11,7 +11,7 @@ Modules, one concept each:
 * :mod:`._ptxas` — finding and running ptxas, parsing ``-v`` (:func:`parse_ptxas_log`);
 * :mod:`._report` — :class:`SpillReport` and its :class:`SpillVerdict`;
 * :mod:`._measure` — :func:`compile_and_measure`, its digest and cache;
-* :mod:`._crosscheck` — :func:`crosscheck_loaded`, the on-GPU check of ptxas's numbers.
+* :mod:`._loaded` — :func:`crosscheck_loaded`, the on-GPU check of ptxas's numbers.
 
 Importing this package imports neither torch nor triton.
 
@@ -28,7 +28,7 @@ Example::
     SpillVerdict(passed=True, message='spilled 0 bytes stores + 0 bytes loads <= budget 0 ...')
 """
 
-from cpmatrix.spill._crosscheck import crosscheck_loaded
+from cpmatrix.spill._loaded import crosscheck_loaded
 from cpmatrix.spill._measure import (
     LoadedKernel,
     autotune_specs,

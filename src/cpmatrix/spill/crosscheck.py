@@ -74,9 +74,10 @@ def _device() -> tuple[str | None, str]:
 
 def _parser() -> argparse.ArgumentParser:
     """The command line (``--arch`` takes the archs the spill gate knows)."""
+    from cpmatrix.module_names import SPILL_CROSSCHECK
     from cpmatrix.spill._spec import ARCHS
 
-    p = argparse.ArgumentParser(prog="python -m cpmatrix.spill.crosscheck",
+    p = argparse.ArgumentParser(prog=f"python -m {SPILL_CROSSCHECK}",
                                 description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--matrix", default="matrix/parity.yaml")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only spill cells matching EXPR")
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
     from cpmatrix.matrix.select import select_cells
-    from cpmatrix.spill._crosscheck import crosscheck_loaded
+    from cpmatrix.spill._loaded import crosscheck_loaded
     from cpmatrix.spill._spec import SpillError, spec_for_cell
 
     args = _parser().parse_args(argv)

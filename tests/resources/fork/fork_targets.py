@@ -1,4 +1,4 @@
-"""Targets for ``python -m cpmatrix.remote.forkrun -m fork_targets_*`` in tests."""
+"""Targets for ``python -m cpmatrix.worker.forkrun -m fork_targets_*`` in tests."""
 
 from __future__ import annotations
 

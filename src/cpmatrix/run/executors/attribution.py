@@ -5,7 +5,7 @@ Outcomes first, message patterns last: a rank whose own outcome is an error caus
 failure; its error is collateral ("a peer left the collective") only when its message
 says so *and* such a peer exists. How a rank died comes from its wait status or from the
 launcher (:func:`launcher_root_cause`): the fork launcher's typed
-:class:`~cpmatrix.remote.protocol.RootCause`, or torchrun's own "Root Cause" text block.
+:class:`~cpmatrix.worker.protocol.RootCause`, or torchrun's own "Root Cause" text block.
 
 Example::
 
@@ -23,11 +23,11 @@ import signal
 from collections.abc import Sequence
 from typing import Any, Final
 
+from cpmatrix.cache.key import merge_reads
 from cpmatrix.fsutil import read_segment
-from cpmatrix.remote.protocol import Outcome, RootCause, WorldFolder, read_typed
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.cache import merge_reads
 from cpmatrix.run.entry import Entry
+from cpmatrix.worker.protocol import Outcome, RootCause, WorldFolder, read_typed
 
 __all__ = ["COLLATERAL", "WHOLE", "describe_status", "exit_words", "launcher_root_cause",
            "merge_evidence", "result_from_outcomes", "split_errors", "torchrun_root_cause"]

@@ -1,7 +1,7 @@
 """The executor protocol: what runs a kind of cell, behind one interface.
 
 A run's session never branches on a cell's kind: it asks the registry
-(:mod:`cpmatrix.run.executors`) for the cell's executor, lets the executor cut its cells
+(:mod:`cpmatrix.kinds.executors`) for the cell's executor, lets the executor cut its cells
 into batches, and launches each batch as a :class:`Job` it polls until it is finished.
 Every job keeps the same promises: each entry ends as exactly one result, or is handed
 back (``remaining``) to run in a fresh job after a fault that was not its own;
@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.plan.batches import Batch
+from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
-from cpmatrix.run.packing import Packing, PackSpec
-from cpmatrix.run.plan import Batch
 from cpmatrix.run.settings import PlanSettings
 
 __all__ = ["Executor", "Job"]

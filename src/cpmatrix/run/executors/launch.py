@@ -4,7 +4,7 @@ Shared by every executor: a :class:`Child` is started through the run's runner, 
 trampoline that sets the parent-death signal (it dies with cpmatrix, even on SIGKILL), in
 its own session, with the world's token in its environment (so its leftovers are found
 and killed when it ends, wherever they are in the tree). :class:`Progress` reads the
-start markers and outcomes of :mod:`cpmatrix.remote.protocol`, this run's only.
+start markers and outcomes of :mod:`cpmatrix.worker.protocol`, this run's only.
 
 Example::
 
@@ -23,21 +23,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from cpmatrix.remote.procs import (
+from cpmatrix.module_names import FORKRUN, WORLD_MAIN
+from cpmatrix.run.runners.base import Launch, Runner
+from cpmatrix.worker.procs import (
     WORLD_TOKEN,
     descendants,
     kill_all,
     processes_with_token,
     stat_fields,
 )
-from cpmatrix.remote.protocol import (
+from cpmatrix.worker.protocol import (
     START,
     Outcome,
     StartMarker,
     parse_marker_name,
     read_typed,
 )
-from cpmatrix.run.runners.base import Launch, Runner
 
 
 class Adoptable(Protocol):
@@ -63,10 +64,6 @@ TRAMPOLINE = (
 )
 
 
-#: The fork launcher's module (:mod:`cpmatrix.remote.forkrun`).
-FORKRUN = "cpmatrix.remote.forkrun"
-
-
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -79,24 +76,24 @@ def launcher_argv(launcher: str, python: str, ranks: int, port: int,
                   ) -> tuple[str, ...]:
     """The command that starts a world's ranks, each running ``world_main``.
 
-    ``fork``: :mod:`cpmatrix.remote.forkrun` imports torch once and forks the ranks
+    ``fork``: :mod:`cpmatrix.worker.forkrun` imports torch once and forks the ranks
     (a 4-rank world starts several times faster on CPU; docs/worlds.md has the numbers);
     it writes the first failing rank to ``root_cause_file`` (``WorldFolder.root_cause``),
     as run ``run_id``'s.
     ``torchrun``: ``torch.distributed.run``, each rank a fresh interpreter.
 
     >>> launcher_argv("fork", "py", 2, 9, "w.json")[:3]
-    ('py', '-m', 'cpmatrix.remote.forkrun')
+    ('py', '-m', 'cpmatrix.worker.forkrun')
     """
     common = (f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1", f"--master-port={port}")
     if launcher == "fork":
         record = (f"--root-cause-file={root_cause_file}",
                   f"--run-id={run_id}") if root_cause_file else ()
         return (python, "-m", FORKRUN, *common, *record,
-                "-m", "cpmatrix.remote.world_main", world_file)
+                "-m", WORLD_MAIN, world_file)
     return (python, "-m", "torch.distributed.run", "--nnodes=1", *common,
             "--max-restarts=0", "--monitor-interval=0.1",
-            "-m", "cpmatrix.remote.world_main", world_file)
+            "-m", WORLD_MAIN, world_file)
 
 
 class Child:

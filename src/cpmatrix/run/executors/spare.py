@@ -1,9 +1,9 @@
 """A fork launcher started before its world is known, adopted by the first world that fits.
 
-A world's launcher (:mod:`cpmatrix.remote.forkrun`) spends its first seconds importing
+A world's launcher (:mod:`cpmatrix.worker.forkrun`) spends its first seconds importing
 torch and the DTensor modules; the world itself is known only once its cells are
 planned. The pytest front collects first (seconds more), so it starts a **spare**
-launcher as soon as it is configured (``python -m cpmatrix.remote.forkrun --adopt``):
+launcher as soon as it is configured (``python -m cpmatrix.worker.forkrun --adopt``):
 it imports what every world needs, then waits for one line on its standard input, its
 world's command. The first world the run starts hands it that line (:meth:`Spare.take`)
 instead of starting a launcher of its own: the imports ran while the controller
@@ -41,10 +41,10 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cpmatrix.remote.procs import WORLD_TOKEN, kill_all, processes_with_token
 from cpmatrix.run.executors.launch import FORKRUN, TRAMPOLINE
 from cpmatrix.run.runners.base import Launch, Runner, hermetic_env
 from cpmatrix.run.runners.local import LocalRunner
+from cpmatrix.worker.procs import WORLD_TOKEN, kill_all, processes_with_token
 
 __all__ = ["Spare", "world_env"]
 

@@ -48,10 +48,10 @@ from typing import Final
 
 from cpmatrix.matrix.schema import IMAGE_FORMS
 from cpmatrix.paths import IMPORT_ROOT
-from cpmatrix.remote.watchdog import watch_argv
 from cpmatrix.run.runners import image as _image
 from cpmatrix.run.runners.base import Launch
 from cpmatrix.run.runners.sandbox import CELL_HOSTNAME, hosts_file
+from cpmatrix.worker.watchdog import watch_argv
 
 __all__ = ["DockerRunner", "container_argv", "docker_run_argv"]
 
@@ -120,7 +120,7 @@ def docker_run_argv(
 ) -> tuple[list[str], dict[str, str]]:
     """The ``docker run`` argv for ``launch`` and the container's environment (pure but
     for ``supervisor``: the pid whose death ends the container, see
-    :mod:`cpmatrix.remote.watchdog`; its start time is read from ``/proc``).
+    :mod:`cpmatrix.worker.watchdog`; its start time is read from ``/proc``).
 
     Example::
 

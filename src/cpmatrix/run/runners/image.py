@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from cpmatrix.module_names import IMAGE_TOOL
+
 __all__ = [
     "default_base",
     "image_ref",
@@ -98,7 +100,7 @@ def image_ref(flavor: str, *, docker_dir: Path, base: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m cpmatrix.run.runners.image {ref,base} PLATFORM [--base IMAGE]``: one line."""
-    parser = argparse.ArgumentParser(prog="python -m cpmatrix.run.runners.image",
+    parser = argparse.ArgumentParser(prog=f"python -m {IMAGE_TOOL}",
                                      description=__doc__)
     parser.add_argument("what", choices=("ref", "base"))
     parser.add_argument("platform", help="the image's flavor: <flavor>.Dockerfile")
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(image_ref(args.platform, docker_dir=args.docker_dir, base=args.base))
     except (OSError, ValueError) as exc:
-        print(f"cpmatrix.run.runners.image: {exc}", file=sys.stderr)
+        print(f"{IMAGE_TOOL}: {exc}", file=sys.stderr)
         return 2
     return 0
 
