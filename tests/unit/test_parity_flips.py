@@ -22,7 +22,9 @@ from cpmatrix.parity.compare import (
 )
 from cpmatrix.parity.flips import (
     BUG_SIZE,
+    PROBE_CAP_ULPS,
     Flips,
+    Probes,
     flip_verdict,
     probes_of,
     resolution_line,
@@ -463,12 +465,14 @@ def test_resolution_line_reads_the_budget_exactly_and_keeps_its_head_below_resol
     assert second_noise(empty, empty, empty.bool()) == (0.0, 0.0)
 
 
+
 FP32 = tolerance_for("fp32")
 FP32_RULE = FP32.twin
 assert FP32_RULE is not None
+ULP = 2**-23 * 0.026  # one fp32 ulp of the tensors' largest value below
 
 
-def _one_cancelling_element(eps: float) -> tuple[torch.Tensor, ...]:
+def _one_cancelling_element() -> tuple[torch.Tensor, ...]:
     """(twin, serial, cp, move): 16 elements up to 0.026, element 5 a sum that cancels to
     4.2e-5 from terms at the tensor's scale (the suite's fp32 train_step, rep 13: a
     pair-attention bias grad). The serial side's one draw there is 2.7 ulps of the scale,
@@ -476,24 +480,28 @@ def _one_cancelling_element(eps: float) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(13)
     twin = (torch.rand(16, generator=g, dtype=D) - 0.5) * 0.04
     twin[0], twin[5] = 0.026, 4.2e-5
-    ulp = eps * 0.026
-    serial, cp, move = twin.clone(), twin.clone(), torch.full_like(twin, 0.5 * ulp)
-    serial[5] += 2.7 * ulp
-    cp[5] += 20 * ulp
-    move[5] = 19.7 * ulp
+    serial, cp, move = twin.clone(), twin.clone(), torch.full_like(twin, 0.5 * ULP)
+    serial[5] += 2.7 * ULP
+    cp[5] += 20 * ULP
+    move[5] = 19.7 * ULP
     return twin, serial, cp, move
 
 
+def _pairs(twin: torch.Tensor, inputs: torch.Tensor, outputs: torch.Tensor) -> Probes:
+    """The two antithetic pairs of :func:`run_probes`: the inputs and outputs stepped,
+    then the module outputs alone (the pair that is a draw of the rounding)."""
+    return (twin + inputs, twin - inputs, twin + outputs, twin - outputs)
+
+
 def test_in_fp32_the_probes_move_counts_as_a_draw_of_the_serial_noise() -> None:
-    twin, serial, cp, move = _one_cancelling_element(2**-23)
+    twin, serial, cp, move = _one_cancelling_element()
     _, bad, *_ = judge(cp, serial, twin, FP32_RULE)
     assert bad.tolist() == [i == 5 for i in range(16)]  # one lucky serial draw: fails
-    probes = (twin + move, twin - move, twin - move, twin + move)
+    probes = _pairs(twin, move, move)
     _, bad, _, serial_err, budget, _ = judge(cp, serial, twin, FP32_RULE, probes=probes)
     assert not bad.any()
-    assert serial_err == pytest.approx(2.7 * 2**-23 * 0.026)  # the evidence: its own draw
-    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * 2**-23 * 0.026,
-                                                    scale=0.026))
+    assert serial_err == pytest.approx(2.7 * ULP)  # the evidence: its own draw
+    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * ULP, scale=0.026))
     # a 10% bug on the largest element is still far outside
     buggy = cp.clone()
     buggy[0] *= 1.1
@@ -503,39 +511,80 @@ def test_in_fp32_the_probes_move_counts_as_a_draw_of_the_serial_noise() -> None:
 
 def test_in_bf16_the_probes_move_is_no_draw_of_the_serial_noise() -> None:
     # 2 to 6 times the rounding there: it would put a 10% bug on a tiny tensor in budget
-    twin, serial, cp, move = _one_cancelling_element(2**-7)
-    probes = (twin + move, twin - move, twin - move, twin + move)
+    twin, serial, cp, move = _one_cancelling_element()
+    scale = 2**-7 / 2**-23  # the same numbers in bf16 ulps
+    probes = _pairs(twin, move * scale, move * scale)
+    serial = twin + (serial - twin) * scale
+    cp = twin + (cp - twin) * scale
     _, bad, *_ = judge(cp, serial, twin, RULE, probes=probes)
     assert bad.tolist() == [i == 5 for i in range(16)]
 
 
-def test_the_probes_move_counts_over_stable_elements_and_as_a_norm_where_cancelling() -> None:
-    twin, serial, cp, move = _one_cancelling_element(2**-23)
-    # a one-sided jump (a flip) on element 9 is no first-order move of the rest
-    probes = (twin + move, twin - move, twin - move, twin + move)
-    flipped = (probes[0].clone(), *probes[1:])
-    flipped[0][9] += 0.01
+def test_the_move_of_the_output_step_alone_counts_not_the_input_step() -> None:
+    # the inputs are the same on both sides: their step is no rounding (an exact
+    # difference of large coordinates moves with it by far more than any op rounds)
+    twin, serial, cp, move = _one_cancelling_element()
+    big = torch.full_like(twin, 25 * ULP)
+    _, bad, _, _, budget, _ = judge(cp, serial, twin, FP32_RULE, probes=_pairs(twin, big, move))
+    assert not bad.any()
+    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * ULP, scale=0.026))
+    _, bad, *_ = judge(cp, serial, twin, FP32_RULE, probes=_pairs(twin, move, big * 0 + ULP))
+    assert bad.tolist() == [i == 5 for i in range(16)]  # the output step small: no cover
+
+
+def test_a_decision_on_its_threshold_moves_both_ways_and_is_capped() -> None:
+    # sign(0) at a tie: the two steps jump it by +J and -J, which looks smooth; uncapped,
+    # a move of half the value would let a bug of any size pass (the review: 82%-200%)
+    twin, serial, cp, move = _one_cancelling_element()
+    move[7] = 0.013
+    probes = _pairs(twin, move, move)
+    _, _, _, _, budget, flips = judge(cp, serial, twin, FP32_RULE, probes=probes)
+    assert flips is None or flips.unstable == 0  # not caught as a flip
+    assert budget == pytest.approx(FP32_RULE.budget(serial_err=PROBE_CAP_ULPS * ULP,
+                                                    scale=0.026))
+    buggy = cp.clone()
+    buggy[0] *= 1.001  # a 0.1% bug on the largest element still fails
+    _, bad, *_ = judge(buggy, serial, twin, FP32_RULE, probes=probes)
+    assert bad[0] and bad.sum() == 1
+
+
+def test_the_probes_move_counts_over_stable_elements_and_never_in_a_norm() -> None:
+    twin, serial, cp, move = _one_cancelling_element()
+    probes = _pairs(twin, move, move)
+    flipped = (*probes[:2], probes[2].clone(), probes[3])
+    flipped[2][9] += 0.01  # a one-sided jump in the output step: a flip, not a move
     _, _, _, _, budget, flips = judge(cp, serial, twin, FP32_RULE, probes=flipped)
     assert flips is not None and flips.unstable == 1
-    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * 2**-23 * 0.026,
-                                                    scale=0.026))
-    # a tensor that is rounding noise throughout: the norms, the probes' norm among them
+    assert budget == pytest.approx(FP32_RULE.budget(serial_err=19.7 * ULP, scale=0.026))
+    # a tensor that is rounding noise throughout is judged by its norms, the move not
+    # among them (what it would count is not bounded by the value's scale there)
     twin = torch.full((32,), 1e-3, dtype=D)
     serial, cp = twin + 1e-3, twin + 8e-3
     move = torch.full_like(twin, 3e-3)
     name, bad, _, serial_norm, _, _ = judge(cp, serial, twin, FP32_RULE,
-                                            probes=(twin + move, twin - move))
-    assert name == "twin-norm" and not bad.any()
-    assert serial_norm == pytest.approx(3e-3 * 32**0.5)
+                                            probes=_pairs(twin, move, move))
+    assert name == "twin-norm" and bad.all()
+    assert serial_norm == pytest.approx(1e-3 * 32**0.5)
+    [d] = compare_named({"w": (cp.float(), serial.float(), Probed(twin, _pairs(twin, move, move)))},
+                        FP32)
+    assert d.probe_err is None
 
 
 def test_compare_named_names_the_probes_move_where_it_counted() -> None:
-    twin, serial, cp, move = _one_cancelling_element(2**-23)
-    probed = Probed(twin, (twin + move, twin - move))
+    twin, serial, cp, move = _one_cancelling_element()
+    probed = Probed(twin, _pairs(twin, move, move))
     [d] = compare_named({"w": (cp.float(), serial.float(), probed)}, FP32)
     assert d.ok, d.line()
-    assert d.probe_err == pytest.approx(19.7 * 2**-23 * 0.026, rel=1e-6)
+    assert d.probe_err == pytest.approx(19.7 * ULP, rel=1e-6)
     assert d.line().endswith("(serial's own 8.37e-09, the probes' move 6.11e-08)")
+    # a flip in the output step is named by the flips, not as the move
+    flipped = (*probed.probes[:2], probed.probes[2].clone(), probed.probes[3])
+    flipped[2][9] += 0.01
+    [d] = compare_named({"w": (cp.float(), serial.float(), Probed(twin, flipped))}, FP32)
+    assert d.probe_err == pytest.approx(19.7 * ULP, rel=1e-6)
+    # where the serial side's own draw is the larger, the move did not count: not named
+    quiet = Probed(twin, _pairs(twin, move * 0.1, move * 0.1))
+    [d] = compare_named({"w": (cp.float(), serial.float(), quiet)}, FP32)
+    assert d.probe_err is None and "probes' move" not in d.line()
     [d] = compare_named({"w": (cp.bfloat16(), serial.bfloat16(), probed)}, BF16)
     assert d.probe_err is None and "probes' move" not in d.line()
-

@@ -34,13 +34,14 @@ import torch
 
 from cpmatrix.parity.errors import odd_input_fails
 from cpmatrix.parity.flips import (
+    PROBE_CAP_ULPS,
     PROBE_NOISE,
     Flips,
     Probed,
     Probes,
     allowed_flips,
     flip_verdict,
-    probe_noise,
+    probe_draw,
     probes_of,
     second_noise,
     second_of,
@@ -102,7 +103,8 @@ class Diff:
     #: max |second - twin| of the serial side's second sample where it counted, else None.
     second_err: float | None = None
     scale: float = 0.0
-    #: The probes' first-order move where it counted (:data:`PROBE_NOISE`), else None.
+    #: The probes' first-order move where it raised the budget above the serial side's
+    #: own draw (:data:`PROBE_NOISE`, capped), else None.
     probe_err: float | None = None
 
     def line(self) -> str:
@@ -167,10 +169,12 @@ def _diff(
                            second=sample)
             rule, bad_mask, twin_err, serial_err, budget, flips = judged
             usable, _, _, scale = _noise(e, twin_t)
+            # what the budget counted, over the elements it counted them on
+            stable = _stability(twin_t, probes, usable, tol.twin.floor(scale))[1]
             if sample is not None and (numel < POOL_BELOW or rule == "twin-norm"):
-                second = second_noise(sample, twin_t, usable)[0]
-            if probes is not None and tol.twin.precision in PROBE_NOISE:
-                probe = probe_noise(probes, twin_t, usable)[0]
+                second = second_noise(sample, twin_t, stable)[0]
+            drawn = _probe_draw(tol.twin, probes, twin_t, stable, scale)
+            probe = drawn if rule != "twin-norm" and drawn > serial_err else None
         else:
             bad_mask = ~(equal | (finite & (abs_diff <= tol.atol + tol.rtol * e.abs())))
     nonzero = e != 0
@@ -270,6 +274,23 @@ def twin_verdict(
     return name, bad, twin_err, serial_err, budget
 
 
+def _stability(twin: torch.Tensor, probes: Probes | None, usable: torch.Tensor,
+               floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(unstable, stable)``: the usable elements a probe flips, and the rest."""
+    unstable = (unstable_mask(twin, probes, floor) & usable if probes is not None
+                else torch.zeros_like(usable))
+    return unstable, usable & ~unstable
+
+
+def _probe_draw(rule: TwinRule, probes: Probes | None, twin: torch.Tensor,
+                stable: torch.Tensor, scale: float) -> float:
+    """The probes' move as a draw of the serial noise where the precision counts it
+    (:data:`PROBE_NOISE`), capped at :data:`PROBE_CAP_ULPS` of the value's scale."""
+    if rule.precision not in PROBE_NOISE:
+        return 0.0
+    return probe_draw(probes, twin, stable, PROBE_CAP_ULPS * rule.eps * scale)
+
+
 _Judged = tuple[str, torch.Tensor, float, float, float, "Flips | None"]
 
 
@@ -283,23 +304,21 @@ def judge(
     as a sixth value. The ``second`` serial sample's noise (:func:`second_noise`) counts
     in a tensor of fewer than :data:`POOL_BELOW` elements or a cancelling one
     (``twin-norm``): docs/parity.md, "Tiny tensors"; the probes' first-order move
-    (:func:`probe_noise`) in every tensor of a :data:`PROBE_NOISE` precision."""
+    (:func:`probe_draw`, capped) in every tensor of a :data:`PROBE_NOISE` precision judged
+    element by element."""
     equal = cp == serial
     usable, _, _, scale = _noise(serial, twin)
     floor = rule.floor(scale)
-    unstable = (unstable_mask(twin, probes, floor) & usable if probes is not None
-                else torch.zeros_like(usable))
-    stable = usable & ~unstable
+    unstable, stable = _stability(twin, probes, usable, floor)
     serial_abs = torch.where(stable, (serial - twin).abs(), 0.0)
     serial_err = _worst(serial_abs) if serial_abs.numel() else 0.0
     cp_abs = torch.where(torch.isfinite(cp) & usable, (cp - twin).abs(), math.inf)
     cp_abs = torch.where(equal, 0.0, cp_abs)
     second_max, second_norm = second_noise(second, twin, stable)
-    probe_max, probe_norm = probe_noise(probes if rule.precision in PROBE_NOISE else None,
-                                        twin, stable)
+    probe_max = _probe_draw(rule, probes, twin, stable, scale)
     if serial_err >= 0.5 * scale and bool(stable.any()):
         n = int(stable.sum())
-        serial_norm = max(float(torch.linalg.vector_norm(serial_abs)), second_norm, probe_norm)
+        serial_norm = max(float(torch.linalg.vector_norm(serial_abs)), second_norm)
         cp_norm = float(torch.linalg.vector_norm(torch.where(stable, cp_abs, 0.0)))
         budget = rule.factor * serial_norm + floor * math.sqrt(n)
         # the stable elements by their norms; the unstable ones as flips

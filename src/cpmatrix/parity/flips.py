@@ -34,6 +34,7 @@ import torch
 __all__ = [
     "BUG_SIZE",
     "NAMED_FLIPS",
+    "PROBE_CAP_ULPS",
     "PROBE_NOISE",
     "PROBE_ULPS",
     "Flips",
@@ -41,7 +42,7 @@ __all__ = [
     "Probes",
     "allowed_flips",
     "flip_verdict",
-    "probe_noise",
+    "probe_draw",
     "probes_of",
     "resolution_line",
     "second_noise",
@@ -58,14 +59,23 @@ __all__ = [
 PROBE_ULPS = 2.0
 
 #: The precisions in which the probes' first-order move counts as one more draw of the
-#: serial side's noise (:func:`probe_noise`): where the cell computes in one precision
-#: throughout, a probe's step at every module's output is the rounding of a few ops at the
-#: terms' scale, which one serial draw of a cancelling sum can miss (measured: fp32, a
-#: 16-element grad whose serial draw was 2.7 ulps where the CP side's was 20 and the probes
-#: moved it 19.7). In bf16/fp16 (and under autocast, whose reductions run in fp32) the same
-#: move is 2 to 6 times the rounding, and counting it would put a 10% bug on a tiny tensor
-#: within budget: there the second sample decides (docs/parity.md, "The probes' move").
+#: serial side's noise (:func:`probe_draw`): where the cell computes in one precision
+#: throughout, a step at every module's output is the rounding of a few ops at the terms'
+#: scale, which one serial draw of a cancelling sum can miss (measured: fp32, a 16-element
+#: grad whose serial draw was 2.7 ulps where the CP side's was 20 and the probes moved it
+#: 19.7). In bf16/fp16 (and under autocast, whose reductions run in fp32) the same move is
+#: 2 to 6 times the rounding, and counting it would put a 10% bug on a tiny tensor within
+#: budget: there the second sample decides (docs/parity.md, "The probes' move").
 PROBE_NOISE = frozenset({"fp32"})
+
+#: The most the probes' move may count for, in ulps of the tensor's largest value: a move
+#: is a draw of rounding only while it is rounding-sized. A decision sitting exactly on its
+#: threshold (``sign(0)``, a tie) jumps both ways under the two steps and looks smooth, and
+#: a module output whose rms is far above one element's scale is stepped far beyond that
+#: element's rounding: uncapped, either let a bug of any size pass (measured in the review:
+#: 82% to over 200% of the value). 32 ulps covers the 19.7 measured, and bounds what this
+#: rule can let through at about 4 x 32 ulps (1.5e-5 of the value in fp32).
+PROBE_CAP_ULPS = 32.0
 
 #: At most this many flipped elements are named in the evidence (the count is always given).
 NAMED_FLIPS = 5
@@ -176,26 +186,28 @@ def second_noise(second: torch.Tensor | None, twin: torch.Tensor,
     return float(err.max()), float(torch.linalg.vector_norm(err))
 
 
-def probe_noise(probes: Probes | None, twin: torch.Tensor,
-                stable: torch.Tensor) -> tuple[float, float]:
-    """The probes' first-order move over the ``stable`` elements, ``|plus - minus| / 2``
-    (the part that changes sign with the step: a smooth value's response, with the
-    second-order part and a flip's one-sided jump left out), for the pair that moves most:
-    ``(max, 2-norm)``; ``(0.0, 0.0)`` without probes. A move that is not finite counts as
-    none.
+def probe_draw(probes: Probes | None, twin: torch.Tensor, stable: torch.Tensor,
+               cap: float) -> float:
+    """The probes' first-order move as one draw of the serial side's rounding: the last
+    pair's ``|plus - minus| / 2`` (the part that changes sign with the step: a smooth
+    value's response, with a one-sided jump left out), its largest over the ``stable``
+    elements, at most ``cap``; 0.0 without probes. The last pair moves a module's outputs
+    alone (:func:`cpmatrix.parity._twin.run_probes`): the inputs are the same on both sides,
+    their step is no rounding either side took. A move that is not finite counts as none.
 
     >>> t = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
     >>> d = torch.tensor([0.25, -0.5, 8.0], dtype=torch.float64)
-    >>> probe_noise((t + d, t - d), t, torch.tensor([True, True, False]))
-    (0.5, 0.5590169943749475)
+    >>> probe_draw((t, t, t + d, t - d), t, torch.tensor([True, True, False]), cap=1.0)
+    0.5
+    >>> probe_draw((t, t, t + d, t - d), t, torch.tensor([True, True, False]), cap=0.125)
+    0.125
     """
-    best = (0.0, 0.0)
-    for plus, minus in zip((probes or ())[0::2], (probes or ())[1::2], strict=True):
-        move = (plus - minus).abs() / 2
-        move = torch.where(stable & move.isfinite(), move, 0.0)
-        if move.numel():
-            best = max(best, (float(move.max()), float(torch.linalg.vector_norm(move))))
-    return best
+    if not probes or len(probes) < 2 or not stable.numel():
+        return 0.0
+    plus, minus = probes[-2], probes[-1]
+    move = (plus - minus).abs() / 2
+    move = torch.where(stable & move.isfinite(), move, 0.0)
+    return min(float(move.max()), cap)
 
 
 def resolution_line(name: str, budget: float, scale: float) -> str:
