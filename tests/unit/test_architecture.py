@@ -23,10 +23,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "cpmatrix.digest", "cpmatrix.paths", "cpmatrix.layout", "cpmatrix.defaults",
      "cpmatrix.__main__", "cpmatrix.module_names"),
     # With the spec: the pytest kind's pure parts (a pytest target's cells, their sources,
-    # its paths, the verdict over the ranks' reports, the collector's driver).
+    # the verdict over the ranks' reports). Its collector runs pytest: a front's, handed
+    # to the expansion from above.
     ("cpmatrix.matrix", "cpmatrix.kinds.pytest.spec", "cpmatrix.kinds.pytest.sources",
-     "cpmatrix.kinds.pytest.target_paths", "cpmatrix.kinds.pytest.verdict",
-     "cpmatrix.kinds.pytest.records", "cpmatrix.kinds.pytest.collect"),
+     "cpmatrix.kinds.pytest.verdict", "cpmatrix.kinds.pytest.records"),
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
     # The code that runs in the worlds' ranks, the pytest kind's rank side with it.
@@ -35,10 +35,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cpmatrix.report",),
     # The run's stages below the supervisor: the result cache and the placement of cells.
     ("cpmatrix.cache", "cpmatrix.plan"),
-    # The supervisor, with each kind's executor and job and the executors by kind.
+    # The supervisor, with each kind's executor and job.
     ("cpmatrix.run", "cpmatrix.kinds.world", "cpmatrix.kinds.compile",
-     "cpmatrix.kinds.pytest.executor", "cpmatrix.kinds.executors"),
-    # The kinds' fronts: the pytest plugin, its controller and collector, on the run.
+     "cpmatrix.kinds.pytest.executor"),
+    # Above the core: the registry of the executors by kind (handed down by the fronts),
+    # and the kinds' fronts: the pytest plugin, its controller and collector, on the run.
     ("cpmatrix.kinds",),
     ("cpmatrix.gate",),
     ("cpmatrix.cli",),
@@ -189,3 +190,8 @@ def test_the_checks_are_not_vacuous(tmp_path: Path) -> None:
     graph["cpmatrix.matrix.load"] = {*graph["cpmatrix.matrix.load"], "cpmatrix.cli.run"}
     assert any(_layer(b) > _layer(a) for a, bs in graph.items() for b in bs
                if (a, b) not in ALLOWED and not b.startswith(a + "."))
+    # The registry of the executors by kind is built above the core and handed down:
+    # the core importing it runs back up.
+    assert _layer("cpmatrix.run.session") < _layer("cpmatrix.kinds.executors")
+    # So is the pytest kind's collector: the spec is handed it by whoever expands.
+    assert _layer("cpmatrix.matrix.expand") < _layer("cpmatrix.kinds.pytest.collect")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cpmatrix.kinds.pytest.collect import collect_target
 from cpmatrix.matrix.cellid import CellKey, format_cell_id, parse_cell_id, render_value
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
@@ -38,7 +39,8 @@ def test_there_are_fixture_matrices() -> None:
 
 @pytest.mark.parametrize("matrix_file", FIXTURES, ids=lambda p: p.name)
 def test_ids_are_unique_safe_and_parse_back(matrix_file: Path, tmp_path: Path) -> None:
-    expansion = expand(load_matrix(matrix_file))
+    # A pytest target's tests are collected by the pytest kind's collector, as the CLI's.
+    expansion = expand(load_matrix(matrix_file), collect=collect_target)
     cells = expansion.cells
     assert cells
     ids = [c.id for c in cells]

@@ -83,15 +83,16 @@ def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
 
 
 def test_every_kind_is_run_by_exactly_one_executor() -> None:
-    from cpmatrix.kinds.executors import EXECUTORS, executor_for
+    from cpmatrix.kinds.executors import EXECUTORS
     from cpmatrix.matrix.schema import KINDS
+    from cpmatrix.run.executors.base import executor_for
 
     declared = [kind for e in EXECUTORS for kind in e.kinds]
     assert sorted(declared) == sorted(KINDS), "matrix.schema.KINDS and the executors' kinds"
     assert len(declared) == len(set(declared)), "a kind run by two executors"
-    assert all(kind in executor_for(kind).kinds for kind in KINDS)
+    assert all(kind in executor_for(EXECUTORS, kind).kinds for kind in KINDS)
     with pytest.raises(KeyError):
-        executor_for("fuzz")
+        executor_for(EXECUTORS, "fuzz")
 
 
 def test_parity_check_names_are_check_members() -> None:

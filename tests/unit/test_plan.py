@@ -86,6 +86,7 @@ def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
 ) -> None:
     from dataclasses import replace
 
+    from cpmatrix.kinds.executors import EXECUTORS
     from cpmatrix.matrix.schema import Platform
     from cpmatrix.run.options import RunOptions
     from cpmatrix.run.setup import devices_for
@@ -96,7 +97,8 @@ def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
              replace(cell("spill", "2x2", platform="cuda"), kind="spill")]
     platforms = {"cuda": Platform(name="cuda", backend="nccl", device="cuda"),
                  "cpu": Platform(name="cpu", backend="gloo", device="cpu")}
-    pool, got, out, needs = devices_for(cells, platforms, RunOptions(gpus=devices))
+    pool, got, out, needs = devices_for(cells, platforms, RunOptions(gpus=devices),
+                                        executors=EXECUTORS)
     assert (pool, needs) == (devices, True)
     assert [c.target for c in got] == fits
     assert {c.target: why for c, why in out} == {

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Mesh, Platform
 from cpmatrix.plan import packing as packing_module
@@ -75,7 +76,7 @@ def test_each_batch_is_packed_once_and_its_world_runs_that_packing(
 
     pool = JobPool(jobs=8, worlds=2, wrap_job=hold)
     session = _Session(context, {"cpu": PLATFORM}, pool=pool, store=None, on_result=None)
-    _plan_session(session, CELLS, PlanSettings(batch_size=4), Known(), pool)
+    _plan_session(session, EXECUTORS, CELLS, PlanSettings(batch_size=4), Known(), pool)
     items = list(session.queue)
     planned = [i.packing for i in items]
     assert all(p is not None for p in planned) and len(planned) >= 2
@@ -113,7 +114,7 @@ def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int])
 def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     """``--keep-order`` (matrix order, one cell at a time, to bisect a state leak) is said
     once, by the run's pack (``setup.pack_spec``: ``serial``), and the plan follows it."""
-    from cpmatrix.kinds.executors import plan_all
+    from cpmatrix.run.executors.base import plan_all
     from cpmatrix.run.options import RunOptions
     from cpmatrix.run.schedulers import scheduler_for
     from cpmatrix.run.setup import pack_spec
@@ -121,7 +122,7 @@ def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     options = RunOptions(keep_order=True)
     spec = pack_spec(options, [PLATFORM], devices=0, scheduler=scheduler_for(options))
     assert spec.serial
-    plans = plan_all(CELLS, options.planning, durations=DURATIONS, worlds=1, pack=spec)
+    plans = plan_all(EXECUTORS, CELLS, options.planning, durations=DURATIONS, worlds=1, pack=spec)
     batches = [b for _, bs in plans for b in bs]
     assert sum(len(b.cells) for b in batches) == len(CELLS)
     # One cell at a time: no two slots of a batch overlap in time.

@@ -161,3 +161,12 @@ def test_expand_hands_pytest_targets_to_the_collector(tmp_path: Path) -> None:
 
     cells = expand(m, source_of=lambda module: b"", collect=collect).cells
     assert [c.target for c in cells] == ["suite"] and seen == [(m.targets[0], 0)]
+
+
+def test_a_pytest_target_without_a_collector_is_refused_not_left_out(tmp_path: Path) -> None:
+    """The spec runs no pytest: the collector is handed down by whoever expands. One who
+    hands none gets an error naming the target, never an expansion without its tests (a
+    gate would then require none of them)."""
+    m = load(tmp_path, "  - {name: suite, pytest: tests}\n")
+    with pytest.raises(ValueError, match=r"targets\[0\] \('suite'\) is a pytest target"):
+        expand(m, source_of=lambda module: b"")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.report import read_report
@@ -25,13 +26,13 @@ def test_skipped_cells_are_reported_beside_the_cells_that_ran(tmp_path: Path) ->
     run = [c for c in cells if c.platform == "cpu" and c.world_size == 1]
     wide = [c for c in cells if c.platform == "cuda" and c.world_size > 1]
     platforms = {p.name: p for p in matrix.platforms}
-    _, _, skipped, _ = devices_for(wide, platforms, RunOptions(gpus=1))
+    _, _, skipped, _ = devices_for(wide, platforms, RunOptions(gpus=1), executors=EXECUTORS)
     assert len(run) == 1 and len(skipped) == 3
     out = tmp_path / "out"
     options = make_context(matrix, out, get_runner("local"), RunOptions(), run_id="test-skip")
     seen: list[str] = []
     report = run_cells(run, {p.name: p for p in matrix.platforms}, options,
-                       known=Known(skipped=skipped),
+                       executors=EXECUTORS, known=Known(skipped=skipped),
                        watch=Watch(on_result=lambda entry, result: seen.append(entry.key)))
     # One world for the cell that ran, none for the skipped ones; progress hears of the
     # cell that ran only.

@@ -34,11 +34,14 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cpmatrix import __version__
 from cpmatrix.cache.key import ActionKeys
 from cpmatrix.matrix.schema import Cell
+
+if TYPE_CHECKING:
+    from cpmatrix.matrix.expand import Collect
 
 __all__ = [
     "RunSource",
@@ -127,23 +130,27 @@ def cell_digests(cells: Iterable[Cell], keys: ActionKeys) -> dict[str, str]:
     return {c.id: keys.source_digest(c) for c in cells}
 
 
-def matrix_digests(path: str | os.PathLike[str]) -> dict[str, str]:
+def matrix_digests(path: str | os.PathLike[str], *, collect: Collect | None = None,
+                   ) -> dict[str, str]:
     """Cell id -> source digest of every cell of the matrix file at ``path``, from the
-    sources as they are now (what ``cpmatrix gate`` checks a report against).
+    sources as they are now (what ``cpmatrix gate`` checks a report against);
+    ``collect``: the pytest kind's collector, for a ``pytest:`` target's cells.
 
     Raises :class:`~cpmatrix.errors.SpecError` for a matrix that does not load.
     """
-    return expanded_digests(path)[1]
+    return expanded_digests(path, collect=collect)[1]
 
 
-def expanded_digests(path: str | os.PathLike[str]) -> tuple[tuple[Cell, ...], dict[str, str]]:
+def expanded_digests(path: str | os.PathLike[str], *, collect: Collect | None = None,
+                     ) -> tuple[tuple[Cell, ...], dict[str, str]]:
     """The cells of the matrix file at ``path`` and :func:`matrix_digests`'s digests, from
-    one expansion (a ``pytest:`` target's collection is a subprocess: run it once)."""
+    one expansion (a ``pytest:`` target's collection, by ``collect``, is a subprocess:
+    run it once)."""
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
 
     matrix = load_matrix(path)
-    cells = expand(matrix).cells
+    cells = expand(matrix, collect=collect).cells
     return cells, cell_digests(cells, ActionKeys(search_path=matrix.pythonpath))
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from cpmatrix.errors import UsageError
+from cpmatrix.kinds.pytest.collect import collect_target
 from cpmatrix.matrix.case_check import check_cases
 from cpmatrix.matrix.expand import Expansion, expand
 from cpmatrix.matrix.load import NAME_A_MATRIX, load_matrix
@@ -96,7 +97,7 @@ def matrix_of(args: argparse.Namespace) -> str:
 
 def load_and_expand(path: str) -> tuple[Matrix, Expansion]:
     matrix = load_matrix(path)
-    return matrix, expand(matrix)
+    return matrix, expand(matrix, collect=collect_target)
 
 
 def select_from_args(args: argparse.Namespace, *, check: bool = True

@@ -45,6 +45,7 @@ from cpmatrix.cli.common import (
 from cpmatrix.cli.console import format_summary
 from cpmatrix.cli.run import repro_flags
 from cpmatrix.errors import ExitCode, UsageError
+from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.case_check import check_cases
 from cpmatrix.matrix.schema import Cell, Matrix
@@ -233,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"repro: {len(cells)} cells in one world: "
               + ", ".join(c.id for c in cells[:5]) + (" ..." if len(cells) > 5 else ""))
     done = reproduce(options, matrix, cells, mutant=mutant,  # type: ignore[arg-type]
-                     hooks=_Streaming(args, [c.id for c in cells], mutant))
+                     hooks=_Streaming(args, [c.id for c in cells], mutant),
+                     executors=EXECUTORS)
     if done.report is None:
         return done.code
     print(format_summary(done.report, str(Path(options.out).resolve())))
@@ -247,7 +249,8 @@ def _check_mutant(matrix: Matrix, cell: Cell, mutant: str, python: str) -> None:
     """``--mutant`` names one the cell's case declares (read in a child of ``python``),
     or exit 2 with the declared ones and the nearest: never a run that "survives" a
     mutant that does not exist."""
-    declared = [m for m in discover_mutants(matrix.pythonpath, [cell], python)[cell.id] if m]
+    declared = [m for m in discover_mutants(matrix.pythonpath, [cell], python,
+                                            executors=EXECUTORS)[cell.id] if m]
     if mutant not in declared:
         allowed = ", ".join(declared) if declared else "none: its case declares no mutant"
         raise UsageError(f"--mutant {mutant!r}: {cell.case} declares no such mutant for "

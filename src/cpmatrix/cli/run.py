@@ -25,6 +25,7 @@ from cpmatrix.cli.common import (
 )
 from cpmatrix.cli.console import Console
 from cpmatrix.cli.json_out import emit, run_doc
+from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.run.options import RunOptions, add_run_arguments
 from cpmatrix.run.pipeline import Chosen, execute
 
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     options = RunOptions.from_namespace(args)
     console = Console(plain=options.plain or args.json, full_trace=args.full_trace,
                       slowest=args.durations, stream=sys.stderr if args.json else None)
-    code = execute(options, partial(_choose, args), console)
+    code = execute(options, partial(_choose, args), console, executors=EXECUTORS)
     if args.json:
         emit(run_doc(code, console.seen, Path(options.out).resolve(), console.said))
     return code

@@ -135,6 +135,7 @@ def decide(policy: str, report: Path, baseline: Path | None, gates_file: Path,
     without source digests where a matrix is given.
     """
     from cpmatrix.cache.provenance import expanded_digests
+    from cpmatrix.kinds.pytest.collect import collect_target
 
     policies = load_policies(gates_file)
     if policy not in policies:
@@ -150,7 +151,7 @@ def decide(policy: str, report: Path, baseline: Path | None, gates_file: Path,
             digests = {}
             now: list[Cell] = []
             for path in chosen.matrices:  # one expansion each: its cells and digests
-                cells_of, digests_of = expanded_digests(path)
+                cells_of, digests_of = expanded_digests(path, collect=collect_target)
                 now.extend(cells_of)
                 digests.update(digests_of)
             expected = [cid for cid, _, _ in expected_cells(chosen, now)]

@@ -183,6 +183,7 @@ def expected_cells(policy: Policy, cells: Sequence[Cell] | None = None,
     """``(id, platform, tags)`` of every required cell of the policy's matrix files;
     ``cells``: those files' cells when the caller expanded them already (the gate, for
     their digests: a ``pytest:`` target's collection then runs once)."""
+    from cpmatrix.kinds.pytest.collect import collect_target
     from cpmatrix.matrix.expand import expand
     from cpmatrix.matrix.load import load_matrix
 
@@ -190,5 +191,6 @@ def expected_cells(policy: Policy, cells: Sequence[Cell] | None = None,
     if cells is None:
         # Digests are not needed here: skip reading case sources (and their absence).
         cells = [cell for path in policy.matrices
-                 for cell in expand(load_matrix(path), source_of=lambda _module: b"").cells]
+                 for cell in expand(load_matrix(path), source_of=lambda _module: b"",
+                                    collect=collect_target).cells]
     return [(c.id, c.platform, c.tags) for c in cells if required(c.id, c.platform, c.tags)]

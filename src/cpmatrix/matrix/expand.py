@@ -52,7 +52,7 @@ from cpmatrix.matrix.schema import (
     Target,
 )
 
-__all__ = ["CONSTRAINTS", "Constraint", "Excluded", "Expansion", "expand"]
+__all__ = ["CONSTRAINTS", "Collect", "Constraint", "Excluded", "Expansion", "expand"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,15 +201,17 @@ class _Bucketed:
         return [clause for _, clause in sorted(hits, key=lambda oc: oc[0])]
 
 
-#: Collects a ``pytest:`` target's cells: ``(matrix, target, its index) -> cells``.
+#: Collects a ``pytest:`` target's cells: ``(matrix, target, its index) -> cells``. The
+#: pytest kind's (it runs pytest's collection in a subprocess), handed to :func:`expand`
+#: by whoever expands a matrix that may hold such a target (the CLI, the gate).
 Collect = Callable[[Matrix, Target, int], list[Cell]]
 
 
-def _collect_target(matrix: Matrix, target: Target, index: int) -> list[Cell]:
-    """pytest's collection, in a subprocess (imported here: only pytest targets need it)."""
-    from cpmatrix.kinds.pytest.collect import collect_target
-
-    return collect_target(matrix, target, index)
+def _no_collect(matrix: Matrix, target: Target, index: int) -> list[Cell]:
+    """No collector was handed: a ``pytest:`` target cannot be expanded (never silently
+    left out: a gate would then require none of its cells)."""
+    raise ValueError(f"{matrix.path}: targets[{index}] ({target.name!r}) is a pytest "
+                     "target: expand() needs collect= to list its tests")
 
 
 def _case_source_hash(matrix: Matrix, target: Target, ti: int,
@@ -267,12 +269,13 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None,
 
     ``source_of(module) -> bytes`` reads a case module's source for the digest; by
     default modules are looked up on the matrix's ``pythonpath`` then ``sys.path``.
-    A ``pytest:`` target's cells are its collected tests (``collect``; by default
-    :func:`cpmatrix.kinds.pytest.collect.collect_target`, which runs pytest's collection in
-    a subprocess); excludes and includes do not apply to them (select with ``-k``/``--tag``).
+    A ``pytest:`` target's cells are its collected tests (``collect``, the pytest kind's
+    collector handed down by the caller: the spec does not run pytest); excludes and
+    includes do not apply to them (select with ``-k``/``--tag``).
 
     Raises :class:`SpecError` when a case module is missing, an include applies to
-    no target, two cells share an id, or a pytest target collects nothing.
+    no target, two cells share an id, or a pytest target collects nothing;
+    :class:`ValueError` for a pytest target and no ``collect``.
     """
     if source_of is None:
         source_of = ModuleSources(matrix.pythonpath).read
@@ -287,7 +290,7 @@ def expand(matrix: Matrix, source_of: Callable[[str], bytes] | None = None,
 
     for ti, target in enumerate(matrix.targets):
         if target.pytest:
-            cells.extend((collect or _collect_target)(matrix, target, ti))
+            cells.extend((collect or _no_collect)(matrix, target, ti))
             continue
         source_hash = _case_source_hash(matrix, target, ti, source_of, source_hashes)
         t = _Target(matrix, target)

@@ -23,10 +23,10 @@ import yaml
 
 from cpmatrix.defaults import TIMEOUT_S
 from cpmatrix.errors import SpecError
-from cpmatrix.kinds.pytest.target_paths import pytest_paths
 from cpmatrix.matrix.axes import axis_list, axis_value, extra_value_text, where_of
 from cpmatrix.matrix.clauses import clause
 from cpmatrix.matrix.limits import check_ranks, check_size
+from cpmatrix.matrix.pytest_paths import pytest_paths
 from cpmatrix.matrix.schema import (
     ALLOWED_KEYS,
     ENV_NAME_RE,

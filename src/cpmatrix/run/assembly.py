@@ -4,12 +4,14 @@ Prepare (devices, runner, sources, cache: :func:`~cpmatrix.run.setup.prepare_run
 (:func:`~cpmatrix.run.setup.pack_spec`), schedule (the scheduler's runner, pool and world
 split), and the :class:`~cpmatrix.run.context.RunContext` made once from all of it, with
 the recorded histories read once (:class:`~cpmatrix.run.sharding.Recorded`). What differs
-between ``cpmatrix run``, ``repro`` and the pytest front is a :class:`Front`.
+between ``cpmatrix run``, ``repro`` and the pytest front is a :class:`Front`; the
+executors (one per kind of cell) are the front's to hand down, as ``executors``.
 
 Example::
 
     run = assemble(options, matrix, cells, claim, scheduler_for(options),
-                   Recorded(options, claim.path), Front(repro=("--matrix", "m.yaml")))
+                   Recorded(options, claim.path), Front(repro=("--matrix", "m.yaml")),
+                   executors=EXECUTORS)
     report = run.run(options, Watch())
 """
 
@@ -22,6 +24,7 @@ from cpmatrix.cache.key import ActionKeys
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.plan.packing import PackSpec
 from cpmatrix.run.context import RunContext
+from cpmatrix.run.executors.base import Executor
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
@@ -60,32 +63,35 @@ class Front:
 @dataclass(frozen=True)
 class Assembled:
     """A run made whole before it starts: the prepared cells, the run's context (made
-    once), the job pool, and what is known of the cells."""
+    once), the job pool, what is known of the cells, and the executors that run them."""
 
     prepared: PreparedRun
     context: RunContext
     pool: JobPool
     known: Known
+    executors: Sequence[Executor]
     #: A line saying where the worlds run ("" for this host).
     note: str = ""
 
     def run(self, options: RunOptions, watch: Watch) -> RunReport:
         """The cells, run (:func:`~cpmatrix.run.session.run_cells`)."""
         return run_cells(self.prepared.cells, self.prepared.platforms, self.context,
-                         plan=options.planning, pool=self.pool, known=self.known,
-                         watch=watch)
+                         executors=self.executors, plan=options.planning, pool=self.pool,
+                         known=self.known, watch=watch)
 
 
 def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: OutClaim,
              scheduler: Scheduler, recorded: Recorded, front: Front, *,
-             keys: ActionKeys | None = None, selection: Sequence[Cell] | None = None,
-             order: str = "") -> Assembled:
+             executors: Sequence[Executor], keys: ActionKeys | None = None,
+             selection: Sequence[Cell] | None = None, order: str = "") -> Assembled:
     """The one way every front's run is put together: prepare (devices, runner, sources,
     cache: :func:`~cpmatrix.run.setup.prepare_run`), pack, schedule, and the
     :class:`RunContext` made once from all of it, and what is known of the cells
-    (:class:`~cpmatrix.run.session.Known`) once: nothing is changed after."""
+    (:class:`~cpmatrix.run.session.Known`) once: nothing is changed after. ``executors``:
+    the registry the front handed down, one executor per kind of cell."""
     prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
-                           selection=selection, order=order, scheduler=scheduler)
+                           selection=selection, order=order, scheduler=scheduler,
+                           executors=executors)
     # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
     pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
                      scheduler=scheduler) if front.scheduled else PackSpec()
@@ -103,4 +109,5 @@ def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: 
                   mutants=prepared.mutants if front.mutants is None else front.mutants,
                   skipped=prepared.skipped if front.report_skipped else (),
                   recorded=recorded.merged())
-    return Assembled(prepared=prepared, context=context, pool=pool, known=known, note=note)
+    return Assembled(prepared=prepared, context=context, pool=pool, known=known,
+                     executors=executors, note=note)

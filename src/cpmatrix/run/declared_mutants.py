@@ -2,7 +2,7 @@
 
 Example::
 
-    >>> discover_mutants((), [], sys.executable)
+    >>> discover_mutants((), [], sys.executable, executors=())
     {}
 """
 
@@ -15,22 +15,24 @@ import sys
 from collections.abc import Sequence
 
 from cpmatrix.errors import UsageError
-from cpmatrix.kinds.executors import executor_for
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.module_names import DISCOVER_MAIN
 from cpmatrix.paths import IMPORT_ROOT
+from cpmatrix.run.executors.base import Executor, executor_for
 
 __all__ = ["discover_mutants"]
 
 
 def discover_mutants(pythonpath: Sequence[str], cells: Sequence[Cell],
-                     python: str = sys.executable) -> dict[str, list[str]]:
+                     python: str = sys.executable, *, executors: Sequence[Executor],
+                     ) -> dict[str, list[str]]:
     """Cell id -> ``["", *mutants]`` (the unmutated run first: a mutant is only "killed"
-    against a green cell). Cells whose executor runs no mutants get ``[""]``.
+    against a green cell). Cells whose executor (among ``executors``) runs no mutants
+    get ``[""]``.
 
     Raises :class:`UsageError` when a case cannot be imported: never "0/0 killed".
     """
-    cases = sorted({c.case for c in cells if executor_for(c.kind).supports_mutants})
+    cases = sorted({c.case for c in cells if executor_for(executors, c.kind).supports_mutants})
     if not cases:
         return {c.id: [""] for c in cells}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((*pythonpath, str(IMPORT_ROOT)))}
@@ -42,7 +44,8 @@ def discover_mutants(pythonpath: Sequence[str], cells: Sequence[Cell],
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     per_cell: dict[str, list[str]] = {}
     for c in cells:
-        declared = found.get(c.case, []) if executor_for(c.kind).supports_mutants else []
+        declared = found.get(c.case, []) if executor_for(executors, c.kind).supports_mutants \
+            else []
         if isinstance(declared, dict):
             raise UsageError(f"--mutants: cannot import {c.case}: {declared['error']}")
         per_cell[c.id] = ["", *declared]

@@ -8,7 +8,9 @@ a :class:`~cpmatrix.run.assembly.Front`. docs/architecture.md ("A run's stages")
 the whole.
 
 A front parses its input into :class:`~cpmatrix.run.options.RunOptions` and the selected
-cells, calls one function here and prints what it is told through its :class:`Hooks`
+cells, calls one function here with the executors it runs cells by (the registry,
+:data:`cpmatrix.kinds.executors.EXECUTORS`: built above the core, handed down here, so
+the core names no kind), and prints what it is told through its :class:`Hooks`
 (the lines of the run, its progress, its summary). Nothing else of the run is the
 front's business: :func:`execute` returns the exit code, :func:`reproduce` a one-cell
 run, :func:`execute_cells` the pytest plugin's run, :func:`plan_only` the dry run.
@@ -18,7 +20,8 @@ Example::
     class Console:            # a Hooks: say/warn print; start/result/done show progress
         ...
 
-    code = execute(options, lambda: Chosen(matrix=matrix, cells=cells), Console())
+    code = execute(options, lambda: Chosen(matrix=matrix, cells=cells), Console(),
+                   executors=EXECUTORS)
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ from cpmatrix.cache.key import ActionKeys
 from cpmatrix.cache.layers import remote_settings
 from cpmatrix.cache.provenance import cell_digests, run_source
 from cpmatrix.errors import ExitCode
-from cpmatrix.kinds.executors import plan_all
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.plan.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
 from cpmatrix.run.assembly import Assembled, Front, assemble
 from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.base import Executor, plan_all
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim, claim_out
@@ -103,9 +106,11 @@ class _Narrowed:
     order: Order | None
 
 
-def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> int:
-    """Run what ``choose`` selects (``--dry-run``: plan it) and return the exit code: the
-    stages of :data:`RUN_STAGES`, in order, until one returns an exit code.
+def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks, *,
+            executors: Sequence[Executor]) -> int:
+    """Run what ``choose`` selects (``--dry-run``: plan it) by ``executors`` (one per
+    kind of cell) and return the exit code: the stages of :data:`RUN_STAGES`, in order,
+    until one returns an exit code.
 
     ``choose`` runs after ``--out`` is claimed (locked; nothing is deleted): the last
     run's evidence makes way only once this run has cells to run (``prepare_run``), so a
@@ -116,7 +121,7 @@ def execute(options: RunOptions, choose: Callable[[], Chosen], hooks: Hooks) -> 
     with nullcontext() if options.dry_run else _claimed(options) as claim:
         out = Path(options.out).resolve() if claim is None else claim.path
         run = _Run(options=options, hooks=hooks, scheduler=scheduler, claim=claim,
-                   choose=choose, recorded=Recorded(options, out))
+                   choose=choose, recorded=Recorded(options, out), executors=executors)
         for stage in RUN_STAGES:
             outcome = stage(run)
             if isinstance(outcome, int):
@@ -136,6 +141,8 @@ class _Run:
     claim: OutClaim | None
     choose: Callable[[], Chosen]
     recorded: Recorded
+    #: The executors the front handed down, one per kind of cell.
+    executors: Sequence[Executor]
     chosen: Chosen | None = None
     narrowed: _Narrowed | None = None
     assembled: Assembled | None = None
@@ -174,7 +181,7 @@ def _dry_run(run: _Run) -> _Run | int:
     assert run.chosen is not None and run.narrowed is not None
     return plan_only(run.narrowed.cells, {p.name: p for p in run.chosen.matrix.platforms},
                      run.options, run.hooks, scheduler=run.scheduler,
-                     recorded=run.recorded)
+                     recorded=run.recorded, executors=run.executors)
 
 
 def _assemble_stage(run: _Run) -> _Run:
@@ -183,7 +190,8 @@ def _assemble_stage(run: _Run) -> _Run:
     narrowed = run.narrowed
     return replace(run, assembled=assemble(
         run.options, run.chosen.matrix, narrowed.cells, run.claim, run.scheduler,
-        run.recorded, Front(repro=run.chosen.repro), keys=narrowed.keys,
+        run.recorded, Front(repro=run.chosen.repro), executors=run.executors,
+        keys=narrowed.keys,
         selection=narrowed.selection, order=str(narrowed.order or "")))
 
 
@@ -207,15 +215,15 @@ RUN_STAGES: Final[tuple[Callable[[_Run], _Run | int], ...]] = (
 
 
 @contextmanager
-def _assembled(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], front: Front
-               ) -> Iterator[Assembled]:
+def _assembled(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], front: Front,
+               executors: Sequence[Executor]) -> Iterator[Assembled]:
     """A run of exactly ``cells`` (``repro``, the pytest front: no stage list, no shard,
     no order), put together by :func:`assemble` while ``--out`` is claimed; the scheduler
     is picked before the claim, as :func:`execute` does."""
     scheduler = scheduler_for(options)
     with _claimed(options) as claim:
         yield assemble(options, matrix, cells, claim, scheduler,
-                       Recorded(options, claim.path), front)
+                       Recorded(options, claim.path), front, executors=executors)
 
 
 @contextmanager
@@ -334,15 +342,18 @@ def _nothing_fits(skipped: int, gpus: int) -> str:
 
 
 def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: RunOptions,
-              hooks: Hooks, *, scheduler: Scheduler, recorded: Recorded) -> int:
-    """``--dry-run``: print the plan each executor makes (the busiest first); run nothing."""
-    devices, fits, skipped, needs = devices_for(cells, platforms, options)
+              hooks: Hooks, *, scheduler: Scheduler, recorded: Recorded,
+              executors: Sequence[Executor]) -> int:
+    """``--dry-run``: print the plan each of ``executors`` makes (the busiest first); run
+    nothing."""
+    devices, fits, skipped, needs = devices_for(cells, platforms, options,
+                                                executors=executors)
     # Split, packed and weighed as a real run's (assemble()).
     slots = scheduler.worlds(fits, recorded.durations)
     pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
     runs = options.planning.runs  # each run is an entry of the plan, as in a real run
-    plans = plan_all(fits, options.planning, durations=recorded.planning(pack), worlds=slots,
-                     pack=pack)[::-1]
+    plans = plan_all(executors, fits, options.planning, durations=recorded.planning(pack),
+                     worlds=slots, pack=pack)[::-1]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     times = f" x {runs} runs" if runs > 1 else ""
     hooks.say(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} "
@@ -395,15 +406,15 @@ class ReproHooks(Protocol):
 
 
 def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mutant: str,
-              hooks: ReproHooks) -> Reproduced:
+              hooks: ReproHooks, executors: Sequence[Executor]) -> Reproduced:
     """Rerun exactly ``cells`` (one cell with ``mutant``: then once with it switched on),
-    with the setup of ``cpmatrix run`` (runner, interpreter, devices): always run, never
-    cached, in one world here."""
+    with the setup of ``cpmatrix run`` (runner, interpreter, devices, ``executors``):
+    always run, never cached, in one world here."""
     # One world, here, whatever the options' scheduler: repro reruns its cells; the
     # cells it cannot run are said below, not reported.
     front = Front(scheduled=False, report_skipped=False,
                   mutants={cells[0].id: ["", mutant]} if mutant else None)
-    with _assembled(options, matrix, cells, front) as run:
+    with _assembled(options, matrix, cells, front, executors) as run:
         prepared = run.prepared
         for cell, why in prepared.skipped:
             hooks.warn(f"{cell.id}: cannot run here: {why}")
@@ -424,12 +435,13 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
 def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
                   on_result: Callable[[Entry, Result], None],
                   on_start: Callable[[int], None] | None = None,
-                  spare: Spare | None = None) -> RunReport:
-    """The pytest plugin's run of ``cells``: claim, prepare, pack, run (no report.html,
-    no summary: pytest reports). A result being reported is reported whole: Ctrl-C
-    meanwhile waits for it, then stops the run. ``spare``: a launcher started while the
-    plugin collected, for the first world that fits."""
-    with _assembled(options, matrix, cells, Front(weighed=False, spare=spare)) as run, \
+                  spare: Spare | None = None, executors: Sequence[Executor]) -> RunReport:
+    """The pytest plugin's run of ``cells`` by ``executors``: claim, prepare, pack, run
+    (no report.html, no summary: pytest reports). A result being reported is reported
+    whole: Ctrl-C meanwhile waits for it, then stops the run. ``spare``: a launcher
+    started while the plugin collected, for the first world that fits."""
+    with _assembled(options, matrix, cells, Front(weighed=False, spare=spare),
+                    executors) as run, \
             stop_on_signals() as stopper:
         return run.run(options, Watch(on_result=_whole(stopper, on_result),
                                       on_start=on_start, stopper=stopper))

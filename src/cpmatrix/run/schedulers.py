@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from cpmatrix.errors import UsageError
-from cpmatrix.kinds.executors import Executor, Job
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.plan.batches import Batch, slot_plan
 from cpmatrix.plan.devices import visible_cuda_devices
+from cpmatrix.run.executors.base import Executor, Job
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.runners.base import Runner
 from cpmatrix.run.session import JobPool

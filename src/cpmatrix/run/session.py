@@ -1,7 +1,7 @@
 """A run: plan -> jobs (with restarts and retries) -> results -> merged report.
 
 :func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop and knows
-no cell kind: each cell's executor (:mod:`cpmatrix.kinds.executors`) plans its batches and
+no cell kind: each cell's executor (among the ``executors`` it is handed) plans its batches and
 makes the jobs that run them; fault handling lives in the executors, what a result
 means in :mod:`cpmatrix.run.policies`.
 
@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.kinds.executors import Executor, Job, plan_all
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import DevicePool
@@ -39,6 +38,7 @@ from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.base import Executor, Job, plan_all
 from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.run.run_report import RunReport
 from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
@@ -132,9 +132,11 @@ _ONE_BY_ONE, _NOTHING_KNOWN, _UNWATCHED = JobPool(), Known(), Watch()
 
 
 def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context: RunContext,
-              *, plan: PlanSettings = PLAN_DEFAULTS, pool: JobPool = _ONE_BY_ONE,
-              known: Known = _NOTHING_KNOWN, watch: Watch = _UNWATCHED) -> RunReport:
-    """Run ``cells`` (with ``known.mutants``: once per mutant too); write the report.
+              *, executors: Sequence[Executor], plan: PlanSettings = PLAN_DEFAULTS,
+              pool: JobPool = _ONE_BY_ONE, known: Known = _NOTHING_KNOWN,
+              watch: Watch = _UNWATCHED) -> RunReport:
+    """Run ``cells`` (with ``known.mutants``: once per mutant too), each by its kind's
+    executor among ``executors``; write the report.
 
     ``plan.runs`` (``--runs-per-test``): each cell runs that many times (run numbers
     1..N), the report holds one result per cell, its runs combined (``Result.runs``,
@@ -155,7 +157,7 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     session = _Session(context, platforms, pool=pool, store=known.store,
                        on_result=watch.on_result)
     session.watch = watch
-    hits = _plan_session(session, cells, plan, known, pool)
+    hits = _plan_session(session, executors, cells, plan, known, pool)
     if watch.on_start is not None:
         watch.on_start(len(session.planned) + len(hits))
     for c in hits:
@@ -192,8 +194,8 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     )
 
 
-def _plan_session(session: _Session, cells: Sequence[Cell], plan: PlanSettings,
-                  known: Known, pool: JobPool) -> list[Cell]:
+def _plan_session(session: _Session, executors: Sequence[Executor], cells: Sequence[Cell],
+                  plan: PlanSettings, known: Known, pool: JobPool) -> list[Cell]:
     """Queue every executor's batches (each cell ``plan.runs`` times); the cached cells."""
     mutants = known.mutants
     hits = [c for c in cells if c.id in known.cached and not mutants]
@@ -201,7 +203,7 @@ def _plan_session(session: _Session, cells: Sequence[Cell], plan: PlanSettings,
     weights: dict[str, float] = {}
     run_numbers: dict[str, int] = {}
     for executor, batches in plan_all(
-            todo, plan, durations=session.context.durations,
+            executors, todo, plan, durations=session.context.durations,
             worlds=pool.jobs if pool.worlds is None else pool.worlds,
             pack=session.context.pack, mutants=mutants):
         for b in batches:

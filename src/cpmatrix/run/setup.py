@@ -9,7 +9,8 @@ mutants, and the result cache's hits and store. The run's
 
 Example::
 
-    prepared = prepare_run(options, matrix, cells, claim, scheduler=scheduler_for(options))
+    prepared = prepare_run(options, matrix, cells, claim, scheduler=scheduler_for(options),
+                           executors=EXECUTORS)
     context = make_context(matrix, prepared.out, prepared.runner, options, claim.run_id,
                            sources=prepared.sources)
 """
@@ -32,7 +33,6 @@ from cpmatrix.cache.provenance import cell_digests, run_source, stamp
 from cpmatrix.cache.toolchain import probe_interpreter
 from cpmatrix.errors import UsageError
 from cpmatrix.fsutil import atomic_write_json
-from cpmatrix.kinds.executors import executor_for
 from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.paths import IMPORT_ROOT
@@ -43,6 +43,7 @@ from cpmatrix.result import Result
 from cpmatrix.run.context import RunContext
 from cpmatrix.run.declared_mutants import discover_mutants
 from cpmatrix.run.entry import Entry
+from cpmatrix.run.executors.base import Executor, executor_for
 from cpmatrix.run.executors.spare import Spare
 from cpmatrix.run.options import RunOptions
 from cpmatrix.run.outdir import OutClaim
@@ -85,12 +86,14 @@ class PreparedRun:
 
 
 def devices_for(cells: Sequence[Cell], platforms: Mapping[str, Platform],
-                options: RunOptions) -> tuple[int, list[Cell], list[tuple[Cell, str]], bool]:
-    """(devices in the pool, cells that fit, cells skipped with why, any cell needs one)."""
+                options: RunOptions, *, executors: Sequence[Executor],
+                ) -> tuple[int, list[Cell], list[tuple[Cell, str]], bool]:
+    """(devices in the pool, cells that fit, cells skipped with why, any cell needs one),
+    each cell's need asked of its kind's executor among ``executors``."""
 
     def need(cell: Cell) -> int:
-        return executor_for(cell.kind).devices_needed([Entry(cell=cell)],
-                                                      platforms[cell.platform])
+        return executor_for(executors, cell.kind).devices_needed([Entry(cell=cell)],
+                                                                 platforms[cell.platform])
 
     needs = any(need(c) for c in cells)
     devices = options.gpus if options.gpus is not None else (
@@ -188,12 +191,14 @@ def cache_root(options: RunOptions) -> Path:
 def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
                 claim: OutClaim, *, keys: ActionKeys | None = None,
                 selection: Sequence[Cell] | None = None, order: str = "",
-                scheduler: Scheduler, machine: MachineSource | None = None) -> PreparedRun:
+                scheduler: Scheduler, executors: Sequence[Executor],
+                machine: MachineSource | None = None) -> PreparedRun:
     """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
 
     ``keys``: the run's source digests (made here if not given); ``selection``: the whole
     selection when ``cells`` is one shard of it (``run.json`` records the digests of
-    all of it); ``order``: ``--order`` as resolved (recorded); ``machine``: what
+    all of it); ``order``: ``--order`` as resolved (recorded); ``executors``: the
+    registry, one executor per kind of cell (handed down by the front); ``machine``: what
     describes the machine (default: this one, :class:`~cpmatrix.cache.machine.LocalMachine`).
 
     Raises :class:`UsageError` (exit 2) for what cannot run here: cuda cells with no
@@ -202,7 +207,8 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     """
     out = Path(options.out).resolve()
     platforms = {p.name: p for p in matrix.platforms}
-    devices, fits, skipped, needs = devices_for(cells, platforms, options)
+    devices, fits, skipped, needs = devices_for(cells, platforms, options,
+                                                executors=executors)
     scheduler.check_devices(needs=needs, devices=devices)
     runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
                                  Path(matrix.path).resolve().parent)
@@ -222,11 +228,12 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     platform_of = {c.id: c.platform for c in cells}
     sources = {cid: {**s, "machine": ident.summary(platforms[platform_of[cid]].device)}
                for cid, s in stamp(mine, source).items()}
-    mutants = discover_mutants(matrix.pythonpath, fits, options.python) \
-        if options.mutants else None
+    mutants = discover_mutants(matrix.pythonpath, fits, options.python,
+                               executors=executors) if options.mutants else None
     cached, store, note, layers = _cache_hooks(options, fits, out, runner, platforms,
                                                mutants is not None, toolchain, keys, anchors,
-                                               remote_settings(options.caching, matrix), ident)
+                                               remote_settings(options.caching, matrix), ident,
+                                               executors)
     # Everything that can refuse the run is behind us: only now does the last run's
     # evidence make way (into previous/), so a run that cannot start leaves it whole.
     claim.take_over()
@@ -250,6 +257,7 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], out: Path, runner: 
                  platforms: Mapping[str, Platform], mutants: bool,
                  toolchain: Mapping[str, str], keys: ActionKeys, anchors: Anchors,
                  remote: RemoteSettings | None, machine: MachineIdentity,
+                 executors: Sequence[Executor],
                  ) -> tuple[dict[str, Result], Store | None, str, CacheLayers | None]:
     """Cached passes for ``cells``, a function that stores new passes, a line on the
     lookup, and the cache's layers (local, remote) to finish after the run."""
@@ -262,8 +270,8 @@ def _cache_hooks(options: RunOptions, cells: Sequence[Cell], out: Path, runner: 
     identity = runner.identity()
     allow = {k: anchors.text(os.environ[k]) for k in ENV_ALLOW if k in os.environ}
     digests = {
-        c.id: keys.digest(c, runner_identity={**identity,
-                                              **executor_for(c.kind).cache_identity()},
+        c.id: keys.digest(c, runner_identity={
+                              **identity, **executor_for(executors, c.kind).cache_identity()},
                           env={**allow, **dict(platforms[c.platform].env)},
                           toolchain=toolchain,
                           machine=machine.for_device(platforms[c.platform].device))

@@ -100,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         matrix = load_matrix(args.matrix)
-        cells = [c for c in select_cells(expand(matrix).cells, keyword=args.keyword)
-                 if c.kind == "spill"]
+        # Spill cells only: a pytest target's tests are not collected (no pytest run).
+        spill = expand(matrix, collect=lambda _matrix, _target, _index: []).cells
+        cells = [c for c in select_cells(spill, keyword=args.keyword) if c.kind == "spill"]
     except (SpecError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.USAGE

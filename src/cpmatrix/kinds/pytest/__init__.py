@@ -12,11 +12,10 @@ Two ways in, one core:
 
 The kind's parts live together here, each on the layer it serves
 (``tests/unit/test_architecture.py``): with the spec, its pure parts (``spec``: a pytest
-target's cells; ``sources``: their digests; ``target_paths``: a target's ``pytest:``
-value; ``verdict`` and ``records``: the verdict over the ranks' reports; ``collect``: the
-collector's driver), so the matrix imports nothing above them; in the ranks,
-:mod:`~cpmatrix.kinds.pytest.rank_session` and :mod:`~cpmatrix.kinds.pytest.rank_dialects`; with the
-supervisor, its executor (``executor``); and on top, the plugin, its controller, the
-collector, its flags (``options``) and the one adapter to the run. This file imports
-nothing.
+target's cells; ``sources``: their digests; ``verdict`` and ``records``: the verdict over
+the ranks' reports); in the ranks, :mod:`~cpmatrix.kinds.pytest.rank_session` and
+:mod:`~cpmatrix.kinds.pytest.rank_dialects`; with the supervisor, its executor
+(``executor``); and on top, the plugin, its controller, the collector (``collect``, which
+the CLI and the gate hand to the matrix's expansion; ``collect_main``, its process), its
+flags (``options``) and the one adapter to the run. This file imports nothing.
 """

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.result import Result
 from cpmatrix.run.executors.spare import Spare
@@ -95,7 +96,7 @@ def run_tests(cells: Sequence[Cell], settings: FrontSettings, *, platform: Platf
                     targets=(), pythonpath=_pythonpath(settings.env))
     options = replace(settings.options, out=str(settings.out))
     return execute_cells(options, matrix, cells, on_result=on_result, on_start=on_start,
-                         spare=spare)
+                         spare=spare, executors=EXECUTORS)
 
 
 def _pythonpath(env: Mapping[str, str]) -> tuple[str, ...]:

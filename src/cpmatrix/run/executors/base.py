@@ -1,15 +1,25 @@
-"""The executor protocol: what runs a kind of cell, behind one interface.
+"""The executor protocol: what runs a kind of cell, behind one interface; and the two
+questions the core asks of a run's executors (:func:`executor_for`, :func:`plan_all`).
 
-A run's session never branches on a cell's kind: it asks the registry
-(:mod:`cpmatrix.kinds.executors`) for the cell's executor, lets the executor cut its cells
-into batches, and launches each batch as a :class:`Job` it polls until it is finished.
-Every job keeps the same promises: each entry ends as exactly one result, or is handed
-back (``remaining``) to run in a fresh job after a fault that was not its own;
-``start_failed`` says the job never started a cell (the session retries it).
+A run's session never branches on a cell's kind: it asks the executors it was handed for
+the cell's executor, lets the executor cut its cells into batches, and launches each
+batch as a :class:`Job` it polls until it is finished. Every job keeps the same promises:
+each entry ends as exactly one result, or is handed back (``remaining``) to run in a fresh
+job after a fault that was not its own; ``start_failed`` says the job never started a
+cell (the session retries it).
 
-The executors are listed in :data:`cpmatrix.run.executors.EXECUTORS`, one per kind of
-cell. The protocol is what lets the session stay kind-blind: a new kind of cell is a new
-class registered there, and the session loop does not change.
+The core names no concrete executor: the registry (one executor per kind of cell,
+:data:`cpmatrix.kinds.executors.EXECUTORS`) is built above it and handed down by the
+fronts, through the pipeline's entry points, to every function here that takes
+``executors``. A new kind of cell is a new executor in that tuple; the session loop does
+not change.
+
+Example::
+
+    executor_for(EXECUTORS, cell.kind).devices_needed([Entry(cell=cell)], platform)
+    for executor, batches in plan_all(EXECUTORS, cells, settings, durations={},
+                                      worlds=1, pack=None):
+        ...
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from cpmatrix.run.context import RunContext
 from cpmatrix.run.entry import Entry
 from cpmatrix.run.settings import PlanSettings
 
-__all__ = ["Executor", "Job"]
+__all__ = ["Executor", "Job", "executor_for", "plan_all"]
 
 
 class Job(Protocol):
@@ -121,3 +131,26 @@ class Executor(Protocol):
     def cache_identity(self) -> dict[str, str]:
         """What else a cached pass of this executor's cells depends on (a compiler's
         version, say): part of the action key."""
+
+
+def executor_for(executors: Sequence[Executor], kind: str) -> Executor:
+    """The executor among ``executors`` that runs cells of ``kind``; KeyError for a kind
+    none of them runs."""
+    for executor in executors:
+        if kind in executor.kinds:
+            return executor
+    raise KeyError(kind)
+
+
+def plan_all(executors: Sequence[Executor], cells: Sequence[Cell], settings: PlanSettings, *,
+             durations: Mapping[str, float], worlds: int, pack: PackSpec | None,
+             mutants: Mapping[str, Sequence[str]] | None = None,
+             ) -> list[tuple[Executor, list[Batch]]]:
+    """Every executor's batches of its own kinds' cells (each cell ``settings.runs``
+    times; ``mutants`` only where the executor takes them), in the order of
+    ``executors``: what a run queues and what ``--dry-run`` prints."""
+    return [(ex, ex.plan([c for c in cells if executor_for(executors, c.kind) is ex
+                          for _ in range(settings.runs)], settings, durations=durations,
+                         worlds=worlds, pack=pack,
+                         mutants=mutants if ex.supports_mutants else None))
+            for ex in executors]

@@ -1,7 +1,10 @@
-"""The ``pytest:`` value of a target: the files, folders or node ids whose tests it runs.
+"""The paths of a target's ``pytest:`` value: the files, folders or node ids whose tests
+it runs, read and checked by the loader like any other value of the matrix.
 
 A path is relative to the matrix file's folder (as ``pythonpath`` is); a node id is a
 path followed by ``::`` and the test's name. Each must name a file or folder that exists.
+What tests they hold is not the spec's to know: the pytest kind collects them, handed to
+:func:`cpmatrix.matrix.expand.expand` as its ``collect``.
 
 Example::
 
