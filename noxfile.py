@@ -50,7 +50,7 @@ def _cuda_devices() -> int:
 def _choose_runner(platform: str) -> tuple[str, str]:
     """docker when an engine answers (and the image is built), else sandbox, else local."""
     from cpmatrix.matrix.load import load_matrix
-    from cpmatrix.run.runners import resolve_runner
+    from cpmatrix.supervise.runners import resolve_runner
 
     runner, why = resolve_runner("auto", load_matrix(MATRIX).platform(platform), MATRIX.parent)
     return runner.name, why

@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-from cpmatrix.run.runners import Launch, hermetic_env
+from cpmatrix.supervise.runners import Launch, hermetic_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

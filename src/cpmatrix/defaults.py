@@ -4,7 +4,7 @@ A default that both fronts (``cpmatrix run`` and ``pytest --cpmatrix``), the spe
 ranks must agree on lives here, and each of them imports it: a copy written elsewhere
 would drift the day one of them changes (tests/unit/test_defaults.py lists the readers
 and fails on a copy). A default only one section of the settings reads stays with that
-section (``FaultTimings.abort_grace_s`` in :mod:`cpmatrix.run.settings`).
+section (``FaultTimings.abort_grace_s`` in :mod:`cpmatrix.supervise.settings`).
 
 Standard library only: the ranks import it (``worker/protocol/records.py``).
 

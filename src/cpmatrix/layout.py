@@ -3,13 +3,13 @@
 ::
 
     out/
-      .cpmatrix-out  .cpmatrix.lock      the claim (cpmatrix.run.outdir)
+      .cpmatrix-out  .cpmatrix.lock      the claim (cpmatrix.supervise.outdir)
       report.xml  results.json  report.html  run.json
       timings.json                       when each job (world) started, answered, ended
       durations.json                     the cells' recorded runs (cpmatrix.report.history)
       last-failed.json                   the cells that did not pass when they last ran
                                          (cpmatrix.report.last_failed; repro --failed)
-      previous/                          the outputs of the run before (cpmatrix.run.outdir)
+      previous/                          the outputs of the run before (cpmatrix.supervise.outdir)
       shard.json                         a shard's manifest (cpmatrix.report.merge)
       worlds/<world>/                    a world launch's job folder, its torchrun.log ...
       worlds/<world>.junit.xml           its cells' testcases
@@ -102,7 +102,7 @@ JOB_FOLDERS: Final = (WORLDS, CELLS, SPILL)
 #: cells starts (``durations.json`` and ``last-failed.json`` are kept: records across
 #: runs, the planner's history and ``repro --failed``'s list).
 OUTPUTS: Final = (REPORT_XML, RESULTS, REPORT_HTML, RUN_INFO, TIMINGS, *JOB_FOLDERS)
-#: The outputs of the run before the last one that ran cells (cpmatrix.run.outdir).
+#: The outputs of the run before the last one that ran cells (cpmatrix.supervise.outdir).
 PREVIOUS: Final = "previous"
 
 

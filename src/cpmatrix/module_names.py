@@ -49,6 +49,6 @@ PYTEST_COLLECTOR: Final = "cpmatrix.kinds.pytest.collect_main"
 #: The spill gate's cross-check on a GPU (``python -m``).
 SPILL_CROSSCHECK: Final = "cpmatrix.spill.crosscheck"
 #: The docker runner's image tool (``python -m``).
-IMAGE_TOOL: Final = "cpmatrix.run.runners.image"
+IMAGE_TOOL: Final = "cpmatrix.supervise.runners.image"
 #: The packages of cases cpmatrix ships (a world's namespaces treat them as the project's).
 BUNDLED_CASES: Final = ("cpmatrix.suite", "cpmatrix.recipes")

@@ -1,7 +1,7 @@
 """The rule for repeated runs (``--runs-per-test N``): one status from the runs' statuses.
 
 One pure function, :func:`repeated_status`, read by the session when it combines a cell's
-runs (:func:`cpmatrix.run.policies.combine_runs`) and re-applied by the gate to the run
+runs (:func:`cpmatrix.supervise.policies.combine_runs`) and re-applied by the gate to the run
 statuses a report records (``run_statuses``), so a report whose status disagrees with its
 own runs cannot pass. Each run is first put in one class (:data:`RUN_CLASS`); the classes
 decide, in this order (the table of docs/running.md):

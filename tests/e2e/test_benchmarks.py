@@ -5,7 +5,7 @@ and run only through them.
 
 Static checks keep the benchmarks on the public surface, so that a change inside the run
 breaks a test here, never a benchmark silently: the CLI (through ``_bench.cpmatrix``) and
-the readers of what a run writes (``report.xml``), never ``cpmatrix.run`` or ``cpmatrix.cli``
+the readers of what a run writes (``report.xml``), never ``cpmatrix.supervise`` or ``cpmatrix.cli``
 internals nor a world's own files.
 """
 
@@ -50,14 +50,14 @@ def test_every_benchmark_has_a_smoke_size(script: Path) -> None:
 def test_benchmarks_use_the_cli_and_public_readers(script: Path) -> None:
     for node in ast.walk(_source(script)):
         if isinstance(node, ast.ImportFrom) and node.module:
-            # ``from cpmatrix import run`` names cpmatrix.run as well.
+            # ``from cpmatrix import supervise`` names cpmatrix.supervise as well.
             names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
             names = []
         for name in names:
-            assert not name.startswith(("cpmatrix.run", "cpmatrix.cli")), (
+            assert not name.startswith(("cpmatrix.supervise", "cpmatrix.cli")), (
                 f"{script.name} imports {name}: run cpmatrix through _bench.cpmatrix and read "
                 "its report (cpmatrix.report.read_report)")
         if isinstance(node, ast.Constant) and isinstance(node.value, str):

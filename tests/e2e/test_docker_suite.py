@@ -12,7 +12,7 @@ import pytest
 
 from cli_runner import run_cli
 from cpmatrix.matrix.load import load_matrix
-from cpmatrix.run.runners import get_runner
+from cpmatrix.supervise.runners import get_runner
 
 ROOT = Path(__file__).parents[2]
 #: The platform whose image the docker runner runs (matrix/parity.yaml's cpu).

@@ -10,7 +10,7 @@ import pytest
 
 from cli_runner import run_cli as cli
 from cpmatrix.matrix.load import load_matrix
-from cpmatrix.run.runners import get_runner
+from cpmatrix.supervise.runners import get_runner
 
 RES = Path(__file__).parents[1] / "resources"
 ROOT = RES.parent.parent

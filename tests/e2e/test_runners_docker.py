@@ -21,8 +21,8 @@ import pytest
 
 import runner_probes as probes
 from cpmatrix.kinds.world.job import free_port
-from cpmatrix.run.runners import Launch, get_runner, image
-from cpmatrix.run.runners.docker import DockerRunner, container_argv, docker_run_argv
+from cpmatrix.supervise.runners import Launch, get_runner, image
+from cpmatrix.supervise.runners.docker import DockerRunner, container_argv, docker_run_argv
 from runner_probes import PROBE, SECRET, WORLD
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from cpmatrix.kinds.world.job import free_port
-from cpmatrix.run.runners import Launch, get_runner
-from cpmatrix.run.runners.sandbox import (
+from cpmatrix.supervise.runners import Launch, get_runner
+from cpmatrix.supervise.runners.sandbox import (
     CELL_HOSTNAME,
     SandboxRunner,
     hosts_file,

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The run's stages below the supervisor: the result cache and the placement of cells.
     ("cpmatrix.cache", "cpmatrix.plan"),
     # The supervisor, with each kind's executor and job.
-    ("cpmatrix.run", "cpmatrix.kinds.world", "cpmatrix.kinds.compile",
+    ("cpmatrix.supervise", "cpmatrix.kinds.world", "cpmatrix.kinds.compile",
      "cpmatrix.kinds.pytest.executor"),
     # Above the core: the registry of the executors by kind (handed down by the fronts),
     # and the kinds' fronts: the pytest plugin, its controller and collector, on the run.
@@ -192,6 +192,6 @@ def test_the_checks_are_not_vacuous(tmp_path: Path) -> None:
                if (a, b) not in ALLOWED and not b.startswith(a + "."))
     # The registry of the executors by kind is built above the core and handed down:
     # the core importing it runs back up.
-    assert _layer("cpmatrix.run.session") < _layer("cpmatrix.kinds.executors")
+    assert _layer("cpmatrix.supervise.session") < _layer("cpmatrix.kinds.executors")
     # So is the pytest kind's collector: the spec is handed it by whoever expands.
     assert _layer("cpmatrix.matrix.expand") < _layer("cpmatrix.kinds.pytest.collect")

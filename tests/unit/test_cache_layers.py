@@ -19,7 +19,7 @@ from cpmatrix.cache.toolchain import Interpreter
 from cpmatrix.errors import SpecError, UsageError
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.result import Result, Status
-from cpmatrix.run.options import RunOptions
+from cpmatrix.supervise.options import RunOptions
 from cpmatrix.worker.observe import signature
 
 HEAD = """\

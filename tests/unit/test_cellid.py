@@ -16,7 +16,7 @@ from cpmatrix.matrix.cellid import CellKey, format_cell_id, parse_cell_id, rende
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import Cell
-from cpmatrix.run.entry import cell_folder
+from cpmatrix.supervise.entry import cell_folder
 
 RESOURCES = Path(__file__).parents[1] / "resources"
 FIXTURES = sorted(RESOURCES.glob("*.yaml"))

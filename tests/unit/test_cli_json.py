@@ -28,7 +28,7 @@ from cpmatrix.report.html_timing import history_section, target_runs, timings_se
 from cpmatrix.report.merge import MergeSummary
 from cpmatrix.report.read import ReportCell
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.run_report import RunReport
+from cpmatrix.supervise.run_report import RunReport
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 FAILED = Result(cell_id="t[unit,2x2,fp64,autocast=off,reference]@cpu", status=Status.FAILED,

@@ -8,7 +8,7 @@ import pytest
 
 from cpmatrix.cli.console import format_summary
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.run_report import RunReport
+from cpmatrix.supervise.run_report import RunReport
 
 
 def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from cpmatrix import defaults
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.settings import FaultTimings
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.settings import FaultTimings
 from plugin_options import plugin_options
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
@@ -46,12 +46,12 @@ DEFAULTS: tuple[Default, ...] = (
              "worker/protocol/records.py", "kinds/pytest/plugin.py"),
             ("timeout_s", "DEFAULT_TIMEOUT_S")),
     # The abort grace is FaultTimings' own; the pytest front takes it from RunOptions.
-    Default("cpmatrix.run.settings:FaultTimings", FaultTimings().abort_grace_s,
-            ("run/options.py",), ("abort_grace_s",), through=("kinds/pytest/plugin.py",)),
-    Default("cpmatrix.defaults:RUNNER", defaults.RUNNER, ("run/options.py",), ("runner",),
+    Default("cpmatrix.supervise.settings:FaultTimings", FaultTimings().abort_grace_s,
+            ("supervise/options.py",), ("abort_grace_s",), through=("kinds/pytest/plugin.py",)),
+    Default("cpmatrix.defaults:RUNNER", defaults.RUNNER, ("supervise/options.py",), ("runner",),
             through=("kinds/pytest/plugin.py",)),
     Default("cpmatrix.defaults:LAUNCHER", defaults.LAUNCHER,
-            ("run/options.py", "run/context.py"), ("launcher",),
+            ("supervise/options.py", "supervise/context.py"), ("launcher",),
             through=("kinds/pytest/plugin.py",)),
 )
 

@@ -13,8 +13,8 @@ from cpmatrix.cli.console import format_summary
 from cpmatrix.cli.failures import failure_block, rank_ranges, trim_traceback
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.executors.attribution import merge_evidence
-from cpmatrix.run.run_report import RunReport
+from cpmatrix.supervise.executors.attribution import merge_evidence
+from cpmatrix.supervise.run_report import RunReport
 
 CPM = "/site/cpmatrix"
 TB = f"""\

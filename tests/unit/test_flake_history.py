@@ -19,7 +19,7 @@ from cpmatrix.report.history import (
     with_runs,
 )
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.policies import combine_runs
+from cpmatrix.supervise.policies import combine_runs
 
 C = "t[unit,1x1,fp64,autocast=off,reference]@cpu"
 

@@ -10,8 +10,8 @@ import pytest
 from cpmatrix.errors import SpecError
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.matrix.schema import image_form
-from cpmatrix.run.runners import get_runner
-from cpmatrix.run.runners.docker import DockerRunner
+from cpmatrix.supervise.runners import get_runner
+from cpmatrix.supervise.runners.docker import DockerRunner
 
 
 @pytest.mark.parametrize(("value", "form"), [

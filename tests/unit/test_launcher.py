@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from cpmatrix.errors import UsageError
-from cpmatrix.run.executors.launch import launcher_argv
-from cpmatrix.run.options import LAUNCHERS, RunOptions, add_run_arguments
+from cpmatrix.supervise.executors.launch import launcher_argv
+from cpmatrix.supervise.options import LAUNCHERS, RunOptions, add_run_arguments
 
 
 def test_fork_is_the_default_and_the_flag_offers_both() -> None:

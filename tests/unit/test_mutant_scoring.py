@@ -18,10 +18,10 @@ from cpmatrix.matrix.schema import Cell, Mesh
 from cpmatrix.report.junit import results_to_junit, write_junit
 from cpmatrix.report.read import read_report
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.policies import interpret_mutant
-from cpmatrix.run.run_report import RunReport
-from cpmatrix.run.session import JobPool, _Session
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.policies import interpret_mutant
+from cpmatrix.supervise.run_report import RunReport
+from cpmatrix.supervise.session import JobPool, _Session
 
 CELL = "t[unit,1x2,fp64,autocast=off,reference]@cpu"
 PASSED = Result(cell_id=CELL, status=Status.PASSED)

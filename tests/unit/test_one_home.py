@@ -74,18 +74,18 @@ def test_a_folder_history_is_read_and_written_by_history_only() -> None:
 def test_the_scan_sees_a_planted_spelling(tmp_path: Path, text: str) -> None:
     """Through the scan the test above runs: a spelling in code is found, the same name
     in a docstring is not, and the home itself is skipped."""
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "m.py").write_text(
+    (tmp_path / "supervise").mkdir()
+    (tmp_path / "supervise" / "m.py").write_text(
         f'"""Docs may name {text}."""\nPATH = "out" / "{text}"\nSHOWN = f"{{out}}/{text}"\n')
     (tmp_path / "layout.py").write_text(f'NAME = "{text}"\n')
     assert _found(LAYOUT_NAMES, "layout.py", pieces=PIECES, root=tmp_path) == [
-        f"run/m.py:2: {text!r}", f"run/m.py:3: {'/' + text!r}"]
+        f"supervise/m.py:2: {text!r}", f"supervise/m.py:3: {'/' + text!r}"]
 
 
 def test_every_kind_is_run_by_exactly_one_executor() -> None:
     from cpmatrix.kinds.executors import EXECUTORS
     from cpmatrix.matrix.schema import KINDS
-    from cpmatrix.run.executors.base import executor_for
+    from cpmatrix.supervise.executors.base import executor_for
 
     declared = [kind for e in EXECUTORS for kind in e.kinds]
     assert sorted(declared) == sorted(KINDS), "matrix.schema.KINDS and the executors' kinds"
@@ -152,14 +152,14 @@ def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
     assert not found, "use CellSpec.from_cell / CellContext.from_spec:\n" + "\n".join(found)
 
 
-#: Who may call what puts a run together: run/assembly.py's assemble() is the one path of
+#: Who may call what puts a run together: supervise/assembly.py's assemble() is the one path of
 #: every front (run, repro, the pytest plugin), the context and what is known of the cells
 #: made once, whole; a folder's recorded history is read once, by sharding.Recorded, and
 #: handed down (the report's merge and HTML read the history a run wrote).
-ASSEMBLY = {"prepare_run": {"run/assembly.py"}, "run_cells": {"run/assembly.py"},
-            "make_context": {"run/assembly.py"}, "RunContext": {"run/setup.py"},
-            "Known": {"run/assembly.py", "run/session.py"},
-            "load_run_history": {"run/sharding.py", "report/merge.py", "report/html.py"}}
+ASSEMBLY = {"prepare_run": {"supervise/assembly.py"}, "run_cells": {"supervise/assembly.py"},
+            "make_context": {"supervise/assembly.py"}, "RunContext": {"supervise/setup.py"},
+            "Known": {"supervise/assembly.py", "supervise/session.py"},
+            "load_run_history": {"supervise/sharding.py", "report/merge.py", "report/html.py"}}
 #: What assemble() made is not changed after it: no ``replace`` of these.
 MADE_ONCE = ("context", "ctx", "known")
 
@@ -183,7 +183,7 @@ def _calls(source: str, homes: dict[str, set[str]], rel: str) -> list[str]:
 
 def test_a_run_is_assembled_in_one_place_and_its_context_made_once() -> None:
     found = [f for rel, p in _sources() for f in _calls(p.read_text(), ASSEMBLY, rel)]
-    assert not found, "a run is put together by run/assembly.py's assemble():\n" + \
+    assert not found, "a run is put together by supervise/assembly.py's assemble():\n" + \
         "\n".join(found)
 
 
@@ -199,6 +199,7 @@ def test_the_assembly_scan_sees_a_second_path() -> None:
         "cli/run.py:2: prepare_run(...)", "cli/run.py:3: replace(context, ...)",
         "cli/run.py:4: run_cells(...)", "cli/run.py:6: load_run_history(...)",
         "cli/run.py:7: replace(run.known, ...)"]
-    assert _calls(planted, ASSEMBLY, "run/assembly.py") == [
-        "run/assembly.py:3: replace(context, ...)", "run/assembly.py:6: load_run_history(...)",
-        "run/assembly.py:7: replace(run.known, ...)"]
+    assert _calls(planted, ASSEMBLY, "supervise/assembly.py") == [
+        "supervise/assembly.py:3: replace(context, ...)",
+        "supervise/assembly.py:6: load_run_history(...)",
+        "supervise/assembly.py:7: replace(run.known, ...)"]

@@ -14,7 +14,7 @@ from cpmatrix.plan import ordering
 from cpmatrix.plan.batches import plan_batches
 from cpmatrix.plan.ordering import Order, arrange, parse_order
 from cpmatrix.plan.packing import PackSpec
-from cpmatrix.run.options import RunOptions
+from cpmatrix.supervise.options import RunOptions
 
 
 def test_doctests_run() -> None:

@@ -1,4 +1,4 @@
-"""``--out``'s claim and the previous run's evidence (``cpmatrix.run.outdir``), on real
+"""``--out``'s claim and the previous run's evidence (``cpmatrix.supervise.outdir``), on real
 folders and real locks: claiming deletes nothing; a run with cells keeps the last run's
 outputs as ``previous/``, once; a second claim is refused and moves nothing."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from cpmatrix.errors import UsageError
 from cpmatrix.layout import DURATIONS, MARKER, OUTPUTS, PREVIOUS
-from cpmatrix.run import outdir
-from cpmatrix.run.outdir import claim_out, keep_previous
+from cpmatrix.supervise import outdir
+from cpmatrix.supervise.outdir import claim_out, keep_previous
 
 
 def _a_run(out: Path, tag: str) -> dict[str, str]:

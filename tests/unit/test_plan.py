@@ -88,8 +88,8 @@ def test_fit_to_devices_leaves_out_cuda_cells_wider_than_the_gpus(
 
     from cpmatrix.kinds.executors import EXECUTORS
     from cpmatrix.matrix.schema import Platform
-    from cpmatrix.run.options import RunOptions
-    from cpmatrix.run.setup import devices_for
+    from cpmatrix.supervise.options import RunOptions
+    from cpmatrix.supervise.setup import devices_for
 
     cells = [cell("a1", "1x1", platform="cuda"), cell("b2", "1x2", platform="cuda"),
              cell("c4", "2x2", platform="cuda"), cell("cpu4", "2x2"),

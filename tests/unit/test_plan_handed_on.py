@@ -19,11 +19,11 @@ from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Mesh, Platform
 from cpmatrix.plan import packing as packing_module
 from cpmatrix.plan.packing import PackSpec, pack
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.runners import get_runner
-from cpmatrix.run.session import JobPool, Known, _plan_session, _Session
-from cpmatrix.run.settings import PlanSettings
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.runners import get_runner
+from cpmatrix.supervise.session import JobPool, Known, _plan_session, _Session
+from cpmatrix.supervise.settings import PlanSettings
 
 PLATFORM = Platform(name="cpu", backend="gloo", device="cpu")
 
@@ -114,10 +114,10 @@ def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int])
 def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     """``--keep-order`` (matrix order, one cell at a time, to bisect a state leak) is said
     once, by the run's pack (``setup.pack_spec``: ``serial``), and the plan follows it."""
-    from cpmatrix.run.executors.base import plan_all
-    from cpmatrix.run.options import RunOptions
-    from cpmatrix.run.schedulers import scheduler_for
-    from cpmatrix.run.setup import pack_spec
+    from cpmatrix.supervise.executors.base import plan_all
+    from cpmatrix.supervise.options import RunOptions
+    from cpmatrix.supervise.schedulers import scheduler_for
+    from cpmatrix.supervise.setup import pack_spec
 
     options = RunOptions(keep_order=True)
     spec = pack_spec(options, [PLATFORM], devices=0, scheduler=scheduler_for(options))

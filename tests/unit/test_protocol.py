@@ -2,7 +2,7 @@
 
 Its typed records round-trip and refuse what is not theirs; its store words parse back;
 and neither side of the protocol (the ranks in ``worker/``, the supervisor in
-``run/executors/``) spells one of its file names, store keys or words by hand.
+``supervise/executors/``) spells one of its file names, store keys or words by hand.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.run.executors.attribution import launcher_root_cause
+from cpmatrix.supervise.executors.attribution import launcher_root_cause
 from cpmatrix.worker import protocol
 from cpmatrix.worker.protocol import (
     PeerReport,
@@ -32,7 +32,7 @@ from cpmatrix.worker.subworld import SubWorld
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
 #: The two sides of the protocol (the kinds' executors and jobs with the supervisor's).
-SIDES = (SRC / "worker", SRC / "run" / "executors", SRC / "kinds" / "world",
+SIDES = (SRC / "worker", SRC / "supervise" / "executors", SRC / "kinds" / "world",
          SRC / "kinds" / "compile", SRC / "kinds" / "pytest" / "executor.py")
 
 #: What the protocol spells: a string literal (or an f-string's text) of either side

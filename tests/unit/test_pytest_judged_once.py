@@ -133,9 +133,9 @@ def test_a_crash_is_judged_with_its_kept_folder_named(tmp_path: Path) -> None:
     from cpmatrix.kinds.pytest.executor import PytestWorldRun
     from cpmatrix.layout import work_folder
     from cpmatrix.matrix.schema import Cell, Mesh, Platform
-    from cpmatrix.run.context import RunContext
-    from cpmatrix.run.entry import Entry
-    from cpmatrix.run.runners import get_runner
+    from cpmatrix.supervise.context import RunContext
+    from cpmatrix.supervise.entry import Entry
+    from cpmatrix.supervise.runners import get_runner
 
     cell = Cell(id="pytest[unit,1x2]@cpu", target="pytest", case="m:f", kind="pytest",
                 level="unit", mesh=Mesh.parse("1x2"), dtype="fp64", autocast=False,

@@ -1,6 +1,6 @@
 """The pytest front's flags: all declared as fields, the front's own ones unchanged.
 
-Every ``--cpmatrix*`` flag is a field of :class:`~cpmatrix.run.options.RunOptions` or of
+Every ``--cpmatrix*`` flag is a field of :class:`~cpmatrix.supervise.options.RunOptions` or of
 :class:`~cpmatrix.kinds.pytest.options.FrontOptions` with a pytest flag, added by one
 function; the plugin declares none by hand. The front's own flags keep the names,
 defaults and help users know (frozen here as they were when declared by hand).
@@ -15,7 +15,7 @@ from typing import Any
 
 from cpmatrix.kinds.pytest import plugin
 from cpmatrix.kinds.pytest.options import FrontOptions
-from cpmatrix.run.options import RunOptions
+from cpmatrix.supervise.options import RunOptions
 from plugin_options import plugin_options
 
 PLUGIN = Path(plugin.__file__)

@@ -19,7 +19,7 @@ from cpmatrix.gate._checks import Reason, check_status
 from cpmatrix.repeated import RUN_CLASS, parse_run_statuses, repeated_status, rule_index
 from cpmatrix.report import ReportCell
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.policies import combine_runs
+from cpmatrix.supervise.policies import combine_runs
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 RUN_STATUSES = list(RUN_CLASS)

@@ -8,13 +8,13 @@ import pytest
 
 from cpmatrix.errors import UsageError
 from cpmatrix.result import Result
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.runners.base import Launch, Runner
-from cpmatrix.run.runners.local import LocalRunner
-from cpmatrix.run.schedulers import HostScheduler, SlurmScheduler, scheduler_for
-from cpmatrix.run.settings import FaultTimings, SlurmSettings
-from cpmatrix.run.slurm import JobState, SlurmJob, SlurmRunner
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.runners.base import Launch, Runner
+from cpmatrix.supervise.runners.local import LocalRunner
+from cpmatrix.supervise.schedulers import HostScheduler, SlurmScheduler, scheduler_for
+from cpmatrix.supervise.schedulers.slurm import JobState, SlurmJob, SlurmRunner
+from cpmatrix.supervise.settings import FaultTimings, SlurmSettings
 from cpmatrix.worker.procs import WORLD_TOKEN
 
 

@@ -9,11 +9,12 @@ import pytest
 
 from cpmatrix.plan import balance
 from cpmatrix.report import merge
-from cpmatrix.run import sharding, slurm
-from cpmatrix.run.runners.base import Launch
-from cpmatrix.run.runners.local import LocalRunner
-from cpmatrix.run.settings import SlurmSettings
-from cpmatrix.run.slurm import JobState, SlurmRunner, job_name, parse_states
+from cpmatrix.supervise import sharding
+from cpmatrix.supervise.runners.base import Launch
+from cpmatrix.supervise.runners.local import LocalRunner
+from cpmatrix.supervise.schedulers import slurm
+from cpmatrix.supervise.schedulers.slurm import JobState, SlurmRunner, job_name, parse_states
+from cpmatrix.supervise.settings import SlurmSettings
 from cpmatrix.worker.procs import WORLD_TOKEN
 
 

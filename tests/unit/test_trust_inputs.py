@@ -210,9 +210,9 @@ def _two_rank_cell() -> tuple[Any, Any]:
 def test_the_supervisor_reads_only_its_own_runs_files(tmp_path: Path) -> None:
     """Two runs on one folder: a marker of the other run is never this run's evidence."""
     from cpmatrix.kinds.world.job import WorldRun
-    from cpmatrix.run.context import RunContext
-    from cpmatrix.run.entry import Entry
-    from cpmatrix.run.runners import get_runner
+    from cpmatrix.supervise.context import RunContext
+    from cpmatrix.supervise.entry import Entry
+    from cpmatrix.supervise.runners import get_runner
     from cpmatrix.worker.protocol import Outcome, PidFile, StartMarker, marker_name, write_typed
 
     cell, platform = _two_rank_cell()
@@ -246,10 +246,10 @@ def test_a_world_that_cannot_be_launched_hands_its_cells_back_as_a_failed_start(
     session retries it, then fails the cells naming the error. (It used to report the
     cells itself after marking the job finished, and a finished job is never polled.)"""
     from cpmatrix.kinds.world.job import WorldRun
-    from cpmatrix.run.context import RunContext
-    from cpmatrix.run.entry import Entry
-    from cpmatrix.run.runners.base import Launch
-    from cpmatrix.run.runners.local import LocalRunner
+    from cpmatrix.supervise.context import RunContext
+    from cpmatrix.supervise.entry import Entry
+    from cpmatrix.supervise.runners.base import Launch
+    from cpmatrix.supervise.runners.local import LocalRunner
 
     class DiskFull(LocalRunner):
         def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:

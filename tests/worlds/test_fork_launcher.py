@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli, wait_for
-from cpmatrix.run.executors.attribution import torchrun_root_cause
+from cpmatrix.supervise.executors.attribution import torchrun_root_cause
 from cpmatrix.worker.protocol import RootCause, WorldFolder, read_typed
 
 RES = Path(__file__).parents[1] / "resources" / "fork"

@@ -11,10 +11,10 @@ from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
 from cpmatrix.report import read_report
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.runners import get_runner
-from cpmatrix.run.session import Known, Watch, run_cells
-from cpmatrix.run.setup import devices_for, make_context
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.runners import get_runner
+from cpmatrix.supervise.session import Known, Watch, run_cells
+from cpmatrix.supervise.setup import devices_for, make_context
 
 RES = Path(__file__).parents[1] / "resources"
 

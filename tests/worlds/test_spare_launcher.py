@@ -1,4 +1,4 @@
-"""The spare fork launcher of ``pytest --cpmatrix`` (``cpmatrix.run.executors.spare``):
+"""The spare fork launcher of ``pytest --cpmatrix`` (``cpmatrix.supervise.executors.spare``):
 started at configure, taken by the first world that fits, never left behind."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cpmatrix.run.executors.launch import launcher_argv
-from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.runners.base import Launch
-from cpmatrix.run.runners.local import LocalRunner
+from cpmatrix.supervise.executors.launch import launcher_argv
+from cpmatrix.supervise.executors.spare import Spare
+from cpmatrix.supervise.runners.base import Launch
+from cpmatrix.supervise.runners.local import LocalRunner
 from cpmatrix.worker.procs import WORLD_TOKEN
 from pytest_front_runs import pytest_run
 

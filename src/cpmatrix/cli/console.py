@@ -1,5 +1,5 @@
 """Human output: a progress bar on a terminal, plain lines otherwise; the summary; the
-:class:`Console` that shows a run's pipeline (its :class:`~cpmatrix.run.pipeline.Hooks`).
+:class:`Console` that shows a run's pipeline (its :class:`~cpmatrix.supervise.pipeline.Hooks`).
 
 The summary lists failures first, one block each (:mod:`cpmatrix.cli.failures`: the
 ranks with one traceback grouped, your frames, the evidence by rank, the repro line),
@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from cpmatrix.cli.failures import failure_block
 from cpmatrix.layout import REPORT_HTML, REPORT_XML
 from cpmatrix.result import Result, Status, target_of, testcase_name
-from cpmatrix.run.pipeline import Entry, RunReport
+from cpmatrix.supervise.pipeline import Entry, RunReport
 
 __all__ = ["Console", "Progress", "format_summary", "target_table"]
 
@@ -173,7 +173,7 @@ def target_table(results: Iterable[Result]) -> list[str]:
 
 class Console:
     """A run's lines on stdout and stderr, its progress, its summary (the
-    :class:`~cpmatrix.run.pipeline.Hooks` of ``cpmatrix run``)."""
+    :class:`~cpmatrix.supervise.pipeline.Hooks` of ``cpmatrix run``)."""
 
     def __init__(self, *, plain: bool, full_trace: bool = False, slowest: int | None = None,
                  stream: TextIO | None = None) -> None:

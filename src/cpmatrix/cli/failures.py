@@ -7,7 +7,7 @@
   and of importlib are hidden, a line saying how many; your own frames and the library
   frame that raised stay. ``--full-trace`` shows every frame, as pytest's.
 - **Evidence by rank**: a failed cell's evidence is labelled with its rank, the failing
-  ranks first (:func:`cpmatrix.run.executors.attribution.merge_evidence`).
+  ranks first (:func:`cpmatrix.supervise.executors.attribution.merge_evidence`).
 - **The repro line** to paste ends the block.
 
 Example::

@@ -46,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def run(args: argparse.Namespace) -> int:
     from cpmatrix.report.html import write_report_html
     from cpmatrix.report.merge import merge_shards
-    from cpmatrix.run.outdir import claim_out
+    from cpmatrix.supervise.outdir import claim_out
 
     out: Path = args.out.resolve()
     said: list[str] = []

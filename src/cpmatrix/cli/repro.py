@@ -52,10 +52,10 @@ from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.matrix.select import select_cells
 from cpmatrix.report.last_failed import FailedEntry, read_last_failed
 from cpmatrix.result import Status, read_results
-from cpmatrix.run.declared_mutants import discover_mutants
-from cpmatrix.run.options import RunOptions, add_run_arguments
-from cpmatrix.run.pipeline import check_options, reproduce
 from cpmatrix.suggest import did_you_mean
+from cpmatrix.supervise.declared_mutants import discover_mutants
+from cpmatrix.supervise.options import RunOptions, add_run_arguments
+from cpmatrix.supervise.pipeline import check_options, reproduce
 from cpmatrix.worker.protocol import WorldFolder
 
 __all__ = ["LogStreamer", "add_parsers", "failed_in", "run"]

@@ -26,8 +26,8 @@ from cpmatrix.cli.common import (
 from cpmatrix.cli.console import Console
 from cpmatrix.cli.json_out import emit, run_doc
 from cpmatrix.kinds.executors import EXECUTORS
-from cpmatrix.run.options import RunOptions, add_run_arguments
-from cpmatrix.run.pipeline import Chosen, execute
+from cpmatrix.supervise.options import RunOptions, add_run_arguments
+from cpmatrix.supervise.pipeline import Chosen, execute
 
 __all__ = ["add_parsers", "add_reporting", "repro_flags", "run"]
 

@@ -3,12 +3,12 @@
 Every kind of ``matrix.schema.KINDS`` is one executor's (tests/unit/test_one_home.py).
 The fronts (``cpmatrix run``, ``repro``, the pytest plugin) hand this tuple down to the
 run's pipeline; the core asks it through
-:func:`~cpmatrix.run.executors.base.executor_for` and
-:func:`~cpmatrix.run.executors.base.plan_all` and names no kind's executor itself.
+:func:`~cpmatrix.supervise.executors.base.executor_for` and
+:func:`~cpmatrix.supervise.executors.base.plan_all` and names no kind's executor itself.
 
 Example::
 
-    >>> from cpmatrix.run.executors.base import executor_for
+    >>> from cpmatrix.supervise.executors.base import executor_for
     >>> [executor_for(EXECUTORS, kind).name for kind in ("parity", "spill", "pytest")]
     ['world', 'compile', 'pytest']
 """
@@ -20,7 +20,7 @@ from typing import Final
 from cpmatrix.kinds.compile.executor import CompileExecutor
 from cpmatrix.kinds.pytest.executor import PytestExecutor
 from cpmatrix.kinds.world.executor import WorldExecutor
-from cpmatrix.run.executors.base import Executor
+from cpmatrix.supervise.executors.base import Executor
 
 __all__ = ["EXECUTORS"]
 

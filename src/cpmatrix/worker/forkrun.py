@@ -7,7 +7,7 @@ Usage (the supervisor builds this command, in place of ``torch.distributed.run``
 
 ``python -m cpmatrix.worker.forkrun --adopt`` is a *spare*: it imports what every world
 needs, then reads its world's command (arguments, environment, folder, log) as one JSON
-line on stdin and goes on as above (:mod:`cpmatrix.run.executors.spare`).
+line on stdin and goes on as above (:mod:`cpmatrix.supervise.executors.spare`).
 
 The parent imports torch, ``torch.distributed``, the DTensor modules and the target
 module, then forks one child per rank. Each child gets torchrun's variables (``RANK``,
@@ -182,7 +182,7 @@ def _adopted() -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     if raw == ["--adopt"]:
-        # A spare, started before its world was planned (cpmatrix.run.executors.spare):
+        # A spare, started before its world was planned (cpmatrix.supervise.executors.spare):
         # the imports first, while the run plans; then the world's command.
         set_parent_death_signal()
         for name in _PRELOAD:

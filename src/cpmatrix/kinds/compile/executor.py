@@ -31,12 +31,12 @@ from cpmatrix.module_names import COMPILE_MAIN
 from cpmatrix.plan.batches import Batch, expected_s
 from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.launch import WORLD_TOKEN, Child, Progress
-from cpmatrix.run.runners.base import Launch, hermetic_env
-from cpmatrix.run.runners.local import LocalRunner
-from cpmatrix.run.settings import PlanSettings
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.launch import WORLD_TOKEN, Child, Progress
+from cpmatrix.supervise.runners.base import Launch, hermetic_env
+from cpmatrix.supervise.runners.local import LocalRunner
+from cpmatrix.supervise.settings import PlanSettings
 from cpmatrix.worker.protocol import CompileFolder, CompileJob, Outcome, write_typed
 
 __all__ = ["CompileExecutor", "CompileRun"]

@@ -1,7 +1,7 @@
 """The one place the pytest plugin calls cpmatrix's run.
 
 :func:`run_tests` takes the cells of a pytest run and hands them to the run's front
-door (:func:`cpmatrix.run.pipeline.execute_cells`), the steps ``cpmatrix run`` takes:
+door (:func:`cpmatrix.supervise.pipeline.execute_cells`), the steps ``cpmatrix run`` takes:
 claim the output folder, prepare (runner, context, toolchain, cache), pack and run the
 worlds, with Ctrl-C and SIGTERM stopping the worlds and the report written. Nothing else
 in the front knows the run's parts.
@@ -27,10 +27,10 @@ from pathlib import Path
 from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.result import Result
-from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.pipeline import Entry, RunReport, execute_cells
-from cpmatrix.run.setup import children_pythonpath
+from cpmatrix.supervise.executors.spare import Spare
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.pipeline import Entry, RunReport, execute_cells
+from cpmatrix.supervise.setup import children_pythonpath
 
 __all__ = ["FrontSettings", "platform_for", "run_tests", "start_spare"]
 
@@ -107,9 +107,9 @@ def _pythonpath(env: Mapping[str, str]) -> tuple[str, ...]:
 
 def start_spare(settings: FrontSettings, platform: Platform) -> Spare | None:
     """A fork launcher started now, for the run's first world (it imports torch while
-    the plugin collects: :mod:`cpmatrix.run.executors.spare`); None where no world of
+    the plugin collects: :mod:`cpmatrix.supervise.executors.spare`); None where no world of
     this run could take it (another runner or launcher, a GPU platform)."""
-    from cpmatrix.run.runners.local import LocalRunner
+    from cpmatrix.supervise.runners.local import LocalRunner
 
     options = settings.options
     if options.runner != LocalRunner.name or options.launcher != "fork" \

@@ -36,10 +36,10 @@ from cpmatrix.kinds.pytest.spec import PytestTest, cell_test, cells_for
 from cpmatrix.kinds.pytest.verdict import Verdict
 from cpmatrix.matrix.schema import Platform
 from cpmatrix.result import Result, Status
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.pipeline import RunReport
-from cpmatrix.run.stopping import StopRequested
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.spare import Spare
+from cpmatrix.supervise.pipeline import RunReport
+from cpmatrix.supervise.stopping import StopRequested
 
 __all__ = ["Controller"]
 

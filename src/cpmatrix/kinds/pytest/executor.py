@@ -34,9 +34,9 @@ from cpmatrix.module_names import PYTEST_PREPARE
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result, Status
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.settings import PlanSettings
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.settings import PlanSettings
 from cpmatrix.worker.protocol import CellSpec
 
 __all__ = ["PytestExecutor", "PytestWorldRun"]

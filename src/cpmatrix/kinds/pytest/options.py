@@ -1,9 +1,9 @@
 """The pytest front's own flags, declared as the run's are (:class:`FrontOptions`).
 
 The run's settings the front exposes (``--cpmatrix-runner``, ``-launcher``,
-``-world-ranks``, ``-abort-grace``) are :class:`~cpmatrix.run.options.RunOptions` fields
+``-world-ranks``, ``-abort-grace``) are :class:`~cpmatrix.supervise.options.RunOptions` fields
 with a pytest flag; the front's own (``--cpmatrix``, ``-out``, ``-timeout``, ``-device``,
-``-cache``) are fields here, declared the same way (:func:`~cpmatrix.run.options.
+``-cache``) are fields here, declared the same way (:func:`~cpmatrix.supervise.options.
 pytest_flag`), added by the same function and read back by the same one.
 
 Example::
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpmatrix.defaults import TIMEOUT_S
-from cpmatrix.run.options import RunOptions, add_pytest_options, pytest_flag, pytest_values
+from cpmatrix.supervise.options import RunOptions, add_pytest_options, pytest_flag, pytest_values
 
 __all__ = ["DEVICES", "FrontOptions", "add_front_options"]
 

@@ -84,8 +84,8 @@ def _controller(config: Any) -> Any:
     from cpmatrix.kinds.pytest.adapter import FrontSettings, platform_for, start_spare
     from cpmatrix.kinds.pytest.controller import Controller
     from cpmatrix.kinds.pytest.options import FrontOptions
-    from cpmatrix.run.options import RunOptions
-    from cpmatrix.run.runners.local import LocalRunner
+    from cpmatrix.supervise.options import RunOptions
+    from cpmatrix.supervise.runners.local import LocalRunner
 
     front = FrontOptions.from_pytest(config.getoption)
     try:

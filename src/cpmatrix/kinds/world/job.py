@@ -39,16 +39,16 @@ from cpmatrix.matrix.schema import Platform
 from cpmatrix.plan.batches import expected_s
 from cpmatrix.plan.packing import Packing
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.attribution import (
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.attribution import (
     COLLATERAL,
     WHOLE,
     describe_status,
     launcher_root_cause,
     result_from_outcomes,
 )
-from cpmatrix.run.executors.launch import (
+from cpmatrix.supervise.executors.launch import (
     Child,
     Progress,
     free_port,
@@ -56,8 +56,8 @@ from cpmatrix.run.executors.launch import (
     physical_devices,
     pid_state,
 )
-from cpmatrix.run.executors.spare import world_env
-from cpmatrix.run.runners.base import Launch
+from cpmatrix.supervise.executors.spare import world_env
+from cpmatrix.supervise.runners.base import Launch
 from cpmatrix.worker.protocol import (
     CellSpec,
     Outcome,

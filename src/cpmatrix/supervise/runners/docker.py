@@ -27,7 +27,7 @@ How a launch changes on its way into the container:
 
 Example::
 
-    >>> from cpmatrix.run.runners.base import Launch
+    >>> from cpmatrix.supervise.runners.base import Launch
     >>> container_argv(("/venv/bin/python", "-m", "torch.distributed.run", "w.py"))
     ['python3', '-m', 'torch.distributed.run', 'w.py']
     >>> container_argv(("torchrun", "--nproc-per-node=2", "w.py"))
@@ -48,9 +48,9 @@ from typing import Final
 
 from cpmatrix.matrix.schema import IMAGE_FORMS
 from cpmatrix.paths import IMPORT_ROOT
-from cpmatrix.run.runners import image as _image
-from cpmatrix.run.runners.base import Launch
-from cpmatrix.run.runners.sandbox import CELL_HOSTNAME, hosts_file
+from cpmatrix.supervise.runners import image as _image
+from cpmatrix.supervise.runners.base import Launch
+from cpmatrix.supervise.runners.sandbox import CELL_HOSTNAME, hosts_file
 from cpmatrix.worker.watchdog import watch_argv
 
 __all__ = ["DockerRunner", "container_argv", "docker_run_argv"]
@@ -204,7 +204,7 @@ class DockerRunner:
 
     ``image`` defaults to ``cpmatrix-<flavor>:<tag>`` for the platform's Dockerfile
     (``image:`` in the matrix, relative to the matrix file; ``<flavor>.Dockerfile`` with
-    ``requirements-<flavor>.txt`` beside it; see :mod:`cpmatrix.run.runners.image`;
+    ``requirements-<flavor>.txt`` beside it; see :mod:`cpmatrix.supervise.runners.image`;
     ``docker/build-image.sh <flavor>`` builds it).
 
     Example::

@@ -1,11 +1,11 @@
 """A run's setup, shared by ``cpmatrix run``/``spill``, ``repro`` and the nox sessions.
 
-From the options and the selected cells to what :func:`~cpmatrix.run.session.run_cells`
+From the options and the selected cells to what :func:`~cpmatrix.supervise.session.run_cells`
 needs: the cells that fit this host's devices (the rest skipped, with why), the runner
 (and why it was chosen), the cells' sources, the interpreter's identity, the declared
 mutants, and the result cache's hits and store. The run's
-:class:`~cpmatrix.run.context.RunContext` is made once, from these, by
-:func:`make_context` (in :func:`cpmatrix.run.assembly.assemble`).
+:class:`~cpmatrix.supervise.context.RunContext` is made once, from these, by
+:func:`make_context` (in :func:`cpmatrix.supervise.assembly.assemble`).
 
 Example::
 
@@ -40,15 +40,15 @@ from cpmatrix.plan.batches import fit_to_devices
 from cpmatrix.plan.devices import visible_cuda_devices
 from cpmatrix.plan.packing import PackSpec
 from cpmatrix.result import Result
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.declared_mutants import discover_mutants
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.base import Executor, executor_for
-from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outdir import OutClaim
-from cpmatrix.run.runners import ENV_ALLOW, Runner, resolve_runner
-from cpmatrix.run.schedulers import Scheduler
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.declared_mutants import discover_mutants
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.base import Executor, executor_for
+from cpmatrix.supervise.executors.spare import Spare
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.outdir import OutClaim
+from cpmatrix.supervise.runners import ENV_ALLOW, Runner, resolve_runner
+from cpmatrix.supervise.schedulers import Scheduler
 
 __all__ = ["PreparedRun", "children_pythonpath", "devices_for", "make_context", "pack_spec",
            "prepare_run"]
@@ -117,7 +117,7 @@ def pack_spec(options: RunOptions, platforms: Iterable[Platform], *, devices: in
     >>> from cpmatrix.matrix.schema import Platform
     >>> cpu = Platform(name="cpu", backend="gloo", device="cpu")
     >>> gpu = Platform(name="cuda", backend="nccl", device="cuda")
-    >>> from cpmatrix.run.schedulers import scheduler_for
+    >>> from cpmatrix.supervise.schedulers import scheduler_for
     >>> host = RunOptions()
     >>> pack_spec(host, [cpu, gpu], devices=8, scheduler=scheduler_for(host))
     PackSpec(serial=False, ranks=(('cuda', 8),), whole=('cuda',), ordered=False)

@@ -18,7 +18,7 @@ from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.module_names import DISCOVER_MAIN
 from cpmatrix.paths import IMPORT_ROOT
-from cpmatrix.run.executors.base import Executor, executor_for
+from cpmatrix.supervise.executors.base import Executor, executor_for
 
 __all__ = ["discover_mutants"]
 

@@ -1,6 +1,6 @@
 """Runners: how a world's process tree is isolated (local, sandbox, docker).
 
-Each runner turns a :class:`~cpmatrix.run.runners.base.Launch` into the argv to exec.
+Each runner turns a :class:`~cpmatrix.supervise.runners.base.Launch` into the argv to exec.
 The supervisor owns the process; a runner only shapes the command and cleans up what
 outlives a killed process group (a container). This module is the registry: the one place
 that knows every runner, and the ``auto`` choice among them.
@@ -21,10 +21,10 @@ from typing import Final
 
 from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import IMAGE_FORMS, Platform, image_form
-from cpmatrix.run.runners.base import ENV_ALLOW, Launch, Runner, hermetic_env
-from cpmatrix.run.runners.docker import DockerRunner
-from cpmatrix.run.runners.local import LocalRunner
-from cpmatrix.run.runners.sandbox import SandboxRunner
+from cpmatrix.supervise.runners.base import ENV_ALLOW, Launch, Runner, hermetic_env
+from cpmatrix.supervise.runners.docker import DockerRunner
+from cpmatrix.supervise.runners.local import LocalRunner
+from cpmatrix.supervise.runners.sandbox import SandboxRunner
 
 __all__ = ["ENV_ALLOW", "Launch", "Runner", "get_runner", "hermetic_env", "resolve_runner",
            "runner_names"]

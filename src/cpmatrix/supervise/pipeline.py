@@ -2,12 +2,12 @@
 report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
 
 ``cpmatrix run`` is the stages of :data:`RUN_STAGES`; every front's run is put together
-by one function, :func:`cpmatrix.run.assembly.assemble` (prepare, pack, schedule, the
-:class:`~cpmatrix.run.context.RunContext` made once); what differs between the fronts is
-a :class:`~cpmatrix.run.assembly.Front`. docs/architecture.md ("A run's stages") draws
+by one function, :func:`cpmatrix.supervise.assembly.assemble` (prepare, pack, schedule, the
+:class:`~cpmatrix.supervise.context.RunContext` made once); what differs between the fronts is
+a :class:`~cpmatrix.supervise.assembly.Front`. docs/architecture.md ("A run's stages") draws
 the whole.
 
-A front parses its input into :class:`~cpmatrix.run.options.RunOptions` and the selected
+A front parses its input into :class:`~cpmatrix.supervise.options.RunOptions` and the selected
 cells, calls one function here with the executors it runs cells by (the registry,
 :data:`cpmatrix.kinds.executors.EXECUTORS`: built above the core, handed down here, so
 the core names no kind), and prints what it is told through its :class:`Hooks`
@@ -42,18 +42,18 @@ from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.plan.ordering import Order, arrange, failed_first, parse_order
 from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
-from cpmatrix.run.assembly import Assembled, Front, assemble
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.base import Executor, plan_all
-from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outdir import OutClaim, claim_out
-from cpmatrix.run.run_report import RunReport
-from cpmatrix.run.schedulers import Scheduler, scheduler_for
-from cpmatrix.run.session import Watch
-from cpmatrix.run.setup import PreparedRun, devices_for, pack_spec
-from cpmatrix.run.sharding import Recorded, take_shard, write_empty_report
-from cpmatrix.run.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
+from cpmatrix.supervise.assembly import Assembled, Front, assemble
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.base import Executor, plan_all
+from cpmatrix.supervise.executors.spare import Spare
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.outdir import OutClaim, claim_out
+from cpmatrix.supervise.run_report import RunReport
+from cpmatrix.supervise.schedulers import Scheduler, scheduler_for
+from cpmatrix.supervise.session import Watch
+from cpmatrix.supervise.setup import PreparedRun, devices_for, pack_spec
+from cpmatrix.supervise.sharding import Recorded, take_shard, write_empty_report
+from cpmatrix.supervise.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
 __all__ = ["Chosen", "Entry", "Hooks", "ReproHooks", "Reproduced", "RunReport", "check_options",
            "execute", "execute_cells", "plan_only", "reproduce"]
@@ -228,7 +228,7 @@ def _assembled(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], front
 
 @contextmanager
 def _claimed(options: RunOptions) -> Iterator[OutClaim]:
-    """``--out`` claimed for this run (:func:`cpmatrix.run.outdir.claim_out`) while it
+    """``--out`` claimed for this run (:func:`cpmatrix.supervise.outdir.claim_out`) while it
     runs; released after, whatever happened."""
     claim = claim_out(Path(options.out))
     try:

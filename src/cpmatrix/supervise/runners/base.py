@@ -65,7 +65,7 @@ def hermetic_env(
 class Launch:
     """A world's command and what it may touch."""
 
-    #: The launcher's argv (:func:`~cpmatrix.run.executors.launch.launcher_argv`: the fork
+    #: The launcher's argv (:func:`~cpmatrix.supervise.executors.launch.launcher_argv`: the fork
     #: launcher or ``torch.distributed.run``, either running ``world_main`` in each rank).
     argv: tuple[str, ...]
     #: The complete environment for the command (already hermetic).

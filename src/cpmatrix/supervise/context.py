@@ -1,10 +1,10 @@
 """What every executor of one run shares: resolved settings, not command-line flags.
 
-Built once per run by :func:`cpmatrix.run.setup.prepare_run` from the run's options.
+Built once per run by :func:`cpmatrix.supervise.setup.prepare_run` from the run's options.
 
 Example::
 
-    >>> from cpmatrix.run.runners import get_runner
+    >>> from cpmatrix.supervise.runners import get_runner
     >>> ctx = RunContext(out_root=Path("out"), runner=get_runner("local"), run_id="r1")
     >>> ctx.timings.abort_grace_s, ctx.timings.teardown_grace_s
     (5.0, 20.0)
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 from cpmatrix.defaults import LAUNCHER
 from cpmatrix.plan.packing import PackSpec
-from cpmatrix.run.runners.base import Runner
-from cpmatrix.run.settings import FaultTimings, Launcher
+from cpmatrix.supervise.runners.base import Runner
+from cpmatrix.supervise.settings import FaultTimings, Launcher
 
 if TYPE_CHECKING:
-    from cpmatrix.run.executors.spare import Spare
+    from cpmatrix.supervise.executors.spare import Spare
 
 __all__ = ["RunContext"]
 
@@ -69,5 +69,5 @@ class RunContext:
     #: the project's table does not name it); None: no repro line (the pytest front).
     repro: tuple[str, ...] | None = None
     #: A fork launcher started before the run was planned, for its first world that fits
-    #: (the pytest front's: :mod:`cpmatrix.run.executors.spare`); None: none.
+    #: (the pytest front's: :mod:`cpmatrix.supervise.executors.spare`); None: none.
     spare: Spare | None = None

@@ -13,14 +13,14 @@ same for both schedulers:
   PENDING past ``pending_timeout_s`` fails its cells with a clear message (the world's
   start-up clock only runs once Slurm runs it); a job Slurm ended (``scancel``, time
   limit, node failure, preemption) blames none of its cells: every cell in flight runs
-  again, with the rest, in a new job (:data:`cpmatrix.run.session.LOST_RETRIES` times at
+  again, with the rest, in a new job (:data:`cpmatrix.supervise.session.LOST_RETRIES` times at
   most; then they end ``infra``, which no gate policy accepts); killing the job
   ``scancel``\\ s it.
 
 Example::
 
-    >>> from cpmatrix.run.runners.local import LocalRunner
-    >>> from cpmatrix.run.runners.base import Launch
+    >>> from cpmatrix.supervise.runners.local import LocalRunner
+    >>> from cpmatrix.supervise.runners.base import Launch
     >>> r = SlurmRunner(LocalRunner(), SlurmSettings(partition="gpu", extra_args=("--time=30",)))
     >>> r.command(Launch(argv=("torchrun", "x"), env={}, cwd="/", name="w1"))[0]
     ['srun', '--job-name=w1', '--nodes=1', '--ntasks=1', '--kill-on-bad-exit=1', \
@@ -36,20 +36,25 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Final
 
+from cpmatrix.errors import UsageError
 from cpmatrix.matrix.schema import Cell
 from cpmatrix.plan.batches import Batch, expected_s, slot_plan
 from cpmatrix.result import FailureKind, Result, Status
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.base import Executor, Job
-from cpmatrix.run.runners.base import Launch, Runner
-from cpmatrix.run.settings import SlurmSettings
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.base import Executor, Job
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.runners.base import Launch, Runner
+from cpmatrix.supervise.schedulers.base import Plans, Scheduling
+from cpmatrix.supervise.session import JobPool
+from cpmatrix.supervise.settings import SchedulerName, SlurmSettings
 from cpmatrix.worker.procs import WORLD_TOKEN
 
-__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner",
+__all__ = ["ENDED_BY_SLURM", "MIN_JOB_S", "JobState", "SlurmJob", "SlurmRunner", "SlurmScheduler",
            "job_name_of", "parse_states", "query_states", "slurm_missing", "slurm_plan",
            "slurm_worlds"]
 
@@ -398,3 +403,51 @@ def slurm_plan(plans: Sequence[tuple[Executor, Sequence[Batch]]], max_jobs: int)
     the expected makespan (see :func:`cpmatrix.plan.batches.slot_plan`)."""
     return slot_plan([b for _, bs in plans for b in bs], max_jobs,
                      where="slurm", unit="jobs (one per world)", flag="--max-jobs")
+
+
+class SlurmScheduler:
+    """Each world one Slurm job (``srun``), ``--max-jobs`` at once, split by work."""
+
+    name: SchedulerName = "slurm"
+    whole_platform: bool = False
+
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+        self.settings = options.slurm
+
+    def preflight(self) -> None:
+        missing = None if self.options.dry_run else slurm_missing()
+        if missing is not None:
+            raise UsageError(missing)
+
+    def check_devices(self, *, needs: bool, devices: int) -> None:
+        # The submit host's GPUs do not count: a node's are given with --gpus.
+        if needs and devices == 0:
+            raise UsageError("the selection has cuda cells: with --scheduler slurm, give "
+                             "the GPUs of one node with --gpus N (the submit host's do "
+                             "not count)")
+
+    def pool(self, devices: int) -> JobPool:
+        # Slurm places each job on a node with its own GPUs: the pool here only caps how
+        # many cuda worlds are in flight (--max-jobs of them at most).
+        return JobPool(jobs=self.settings.max_jobs, devices=devices * self.settings.max_jobs)
+
+    def worlds(self, cells: Sequence[Cell], durations: Callable[[], Mapping[str, float]]
+               ) -> int:
+        return slurm_worlds(cells, durations(), self.settings.max_jobs)
+
+    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
+                 durations: Callable[[], Mapping[str, float]]) -> Scheduling:
+        srun = SlurmRunner(runner, self.settings)
+
+        def wrap(job: Job) -> Job:
+            return SlurmJob(job, srun)
+
+        pool = replace(self.pool(devices), worlds=self.worlds(cells, durations), wrap_job=wrap)
+        return Scheduling(
+            runner=srun, pool=pool,
+            note=f"scheduler: slurm (each world one srun job, at most {pool.jobs} at once; "
+                 f"--out {out} must be shared with the nodes)")
+
+    def describe(self, plans: Plans) -> str:
+        return slurm_plan(plans, self.settings.max_jobs)

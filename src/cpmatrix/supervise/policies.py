@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from cpmatrix.repeated import RUN_CLASS, RunClass, repeated_status, rule_index
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
-from cpmatrix.run.entry import Entry
+from cpmatrix.supervise.entry import Entry
 
 __all__ = ["CrashRetry", "combine_entries", "combine_runs", "interpret_mutant", "next_run"]
 

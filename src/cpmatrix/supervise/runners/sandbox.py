@@ -8,7 +8,7 @@ the files a worker writes are where the supervisor reads them.
 
 Example::
 
-    >>> from cpmatrix.run.runners.base import Launch
+    >>> from cpmatrix.supervise.runners.base import Launch
     >>> launch = Launch(argv=("/usr/bin/python3", "-c", "pass"), env={"TZ": "UTC"},
     ...                 cwd="/src", readonly=("/src",), writable=("/out",))
     >>> argv = sandbox_argv(launch, bwrap="/usr/bin/bwrap")
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from cpmatrix.run.runners.base import Launch
+from cpmatrix.supervise.runners.base import Launch
 
 __all__ = ["CELL_HOSTNAME", "SandboxRunner", "hosts_file", "python_roots", "sandbox_argv"]
 

@@ -8,7 +8,7 @@ Example::
 
 from __future__ import annotations
 
-from cpmatrix.run.runners.base import Launch
+from cpmatrix.supervise.runners.base import Launch
 
 __all__ = ["LocalRunner"]
 

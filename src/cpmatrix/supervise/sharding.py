@@ -31,7 +31,7 @@ from cpmatrix.report.history import (
 )
 from cpmatrix.report.junit import merge_junit
 from cpmatrix.report.merge import ShardManifest, selection_digest
-from cpmatrix.run.options import RunOptions
+from cpmatrix.supervise.options import RunOptions
 
 __all__ = ["Recorded", "take_shard", "write_empty_report"]
 
@@ -41,7 +41,7 @@ class Recorded:
     FILE``'s (balancing shards and Slurm jobs) and ``--out``'s own (what the worlds pack
     by, and what the run's history starts from).
 
-    >>> from cpmatrix.run.options import RunOptions
+    >>> from cpmatrix.supervise.options import RunOptions
     >>> Recorded(RunOptions(), Path("no/such/out")).durations()
     {}
     >>> Recorded(RunOptions(), Path("no/such/out")).planning(PackSpec(ordered=True))

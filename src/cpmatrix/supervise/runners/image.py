@@ -8,8 +8,8 @@ locally, its id). The same inputs name the same image, so
 new one. Only the tag lives here (pure, plus one ``docker image inspect``); the build is
 in ``docker/build-image.sh``, which asks this module for the name:
 
-    python -m cpmatrix.run.runners.image ref cpu --docker-dir docker   # cpmatrix-cpu:3f0c...
-    python -m cpmatrix.run.runners.image base cpu --docker-dir docker  # cpmatrix-base:bookworm
+    python -m cpmatrix.supervise.runners.image ref cpu --docker-dir docker  # cpmatrix-cpu:3f0c..
+    python -m cpmatrix.supervise.runners.image base cpu --docker-dir docker # cpmatrix-base:...
 
 Example::
 
@@ -99,7 +99,8 @@ def image_ref(flavor: str, *, docker_dir: Path, base: str | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cpmatrix.run.runners.image {ref,base} PLATFORM [--base IMAGE]``: one line."""
+    """``python -m cpmatrix.supervise.runners.image {ref,base} PLATFORM [--base IMAGE]``:
+    one line."""
     parser = argparse.ArgumentParser(prog=f"python -m {IMAGE_TOOL}",
                                      description=__doc__)
     parser.add_argument("what", choices=("ref", "base"))

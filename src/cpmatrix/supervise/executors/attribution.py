@@ -26,7 +26,7 @@ from typing import Any, Final
 from cpmatrix.cache.key import merge_reads
 from cpmatrix.fsutil import read_segment
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
-from cpmatrix.run.entry import Entry
+from cpmatrix.supervise.entry import Entry
 from cpmatrix.worker.protocol import Outcome, RootCause, WorldFolder, read_typed
 
 __all__ = ["COLLATERAL", "WHOLE", "describe_status", "exit_words", "launcher_root_cause",

@@ -41,9 +41,9 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cpmatrix.run.executors.launch import FORKRUN, TRAMPOLINE
-from cpmatrix.run.runners.base import Launch, Runner, hermetic_env
-from cpmatrix.run.runners.local import LocalRunner
+from cpmatrix.supervise.executors.launch import FORKRUN, TRAMPOLINE
+from cpmatrix.supervise.runners.base import Launch, Runner, hermetic_env
+from cpmatrix.supervise.runners.local import LocalRunner
 from cpmatrix.worker.procs import WORLD_TOKEN, kill_all, processes_with_token
 
 __all__ = ["Spare", "world_env"]

@@ -3,7 +3,7 @@
 :func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop and knows
 no cell kind: each cell's executor (among the ``executors`` it is handed) plans its batches and
 makes the jobs that run them; fault handling lives in the executors, what a result
-means in :mod:`cpmatrix.run.policies`.
+means in :mod:`cpmatrix.supervise.policies`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
 once alone (passed on retry -> FLAKY); with ``runs=N`` every cell is planned N times
@@ -36,13 +36,13 @@ from cpmatrix.report.history import CellHistory, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.executors.base import Executor, Job, plan_all
-from cpmatrix.run.policies import CrashRetry, combine_entries, interpret_mutant, next_run
-from cpmatrix.run.run_report import RunReport
-from cpmatrix.run.settings import PLAN_DEFAULTS, PlanSettings
-from cpmatrix.run.stopping import Stopper, StopRequested
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.executors.base import Executor, Job, plan_all
+from cpmatrix.supervise.policies import CrashRetry, combine_entries, interpret_mutant, next_run
+from cpmatrix.supervise.run_report import RunReport
+from cpmatrix.supervise.settings import PLAN_DEFAULTS, PlanSettings
+from cpmatrix.supervise.stopping import Stopper, StopRequested
 from cpmatrix.worker.procs import (
     descendants,
     kill_all,
@@ -80,14 +80,15 @@ class _Item:
 @dataclass(frozen=True, kw_only=True)
 class JobPool:
     """Jobs at once, cuda devices in the pool, worlds per platform (default ``jobs``),
-    and the scheduler's job wrapper (:class:`cpmatrix.run.schedulers.Scheduling`)."""
+    and the scheduler's job wrapper (:class:`cpmatrix.supervise.schedulers.Scheduling`)."""
 
     jobs: int = 1
     devices: int = 0
     worlds: int | None = None
-    #: Makes each job another scheduler's (:class:`cpmatrix.run.slurm.SlurmJob`); its
-    #: jobs then start longest-expected first, so each of the ``jobs`` slots takes the
-    #: longest world left when it frees: greedy longest-first onto the least-loaded job.
+    #: Makes each job another scheduler's
+    #: (:class:`cpmatrix.supervise.schedulers.slurm.SlurmJob`); its jobs then start
+    #: longest-expected first, so each of the ``jobs`` slots takes the longest world left
+    #: when it frees: greedy longest-first onto the least-loaded job.
     wrap_job: Callable[[Job], Job] | None = None
 
 
@@ -103,7 +104,7 @@ class Known:
     #: visible, see :func:`cpmatrix.plan.batches.fit_to_devices`): reported ``skipped``.
     skipped: Sequence[tuple[Cell, str]] = ()
     #: The run's recorded histories, read once before the run
-    #: (:meth:`cpmatrix.run.sharding.Recorded.merged`): this run's history starts from them
+    #: (:meth:`cpmatrix.supervise.sharding.Recorded.merged`): this run's history starts from them
     #: (none handed: a fresh history). What the worlds pack by is ``RunContext.durations``,
     #: made from the same reading.
     recorded: Mapping[str, CellHistory] = field(default_factory=dict)

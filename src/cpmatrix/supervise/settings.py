@@ -1,8 +1,8 @@
 """A run's settings as sections: each a frozen dataclass, defined once, shared.
 
-:class:`~cpmatrix.run.options.RunOptions` is the command line (one field per flag); the
+:class:`~cpmatrix.supervise.options.RunOptions` is the command line (one field per flag); the
 run reads it through these sections (``options.timings``, ``options.slurm``,
-``options.planning``, ``options.caching``), and :class:`~cpmatrix.run.context.RunContext`
+``options.planning``, ``options.caching``), and :class:`~cpmatrix.supervise.context.RunContext`
 carries the same :class:`FaultTimings` to the jobs. A section's defaults are its own:
 ``RunOptions`` takes each flag's default from its section (``--jobs``, ``--launcher`` and
 the like, which belong to no section, keep theirs there).

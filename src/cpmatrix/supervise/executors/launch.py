@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cpmatrix.module_names import FORKRUN, WORLD_MAIN
-from cpmatrix.run.runners.base import Launch, Runner
+from cpmatrix.supervise.runners.base import Launch, Runner
 from cpmatrix.worker.procs import (
     WORLD_TOKEN,
     descendants,
@@ -43,7 +43,7 @@ from cpmatrix.worker.protocol import (
 
 class Adoptable(Protocol):
     """A launcher already running that may take a launch (a spare, see
-    :mod:`cpmatrix.run.executors.spare`)."""
+    :mod:`cpmatrix.supervise.executors.spare`)."""
 
     token: str
 
@@ -111,7 +111,7 @@ class Child:
     def start(self, launch: Launch, log: Path, spare: Adoptable | None = None) -> list[str]:
         """Launch through the runner; returns the argv (OSError when it cannot start).
         ``spare``: a waiting launcher to hand the launch to if it fits (it then carries
-        the spare's token: :mod:`cpmatrix.run.executors.spare`)."""
+        the spare's token: :mod:`cpmatrix.supervise.executors.spare`)."""
         self.launch = launch
         cmd, cmd_env = self.runner.command(launch)
         adopted = spare.take(launch, self.runner, log) if spare is not None else None

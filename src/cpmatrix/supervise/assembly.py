@@ -1,9 +1,9 @@
 """A run put together, the same way for every front: :func:`assemble`.
 
-Prepare (devices, runner, sources, cache: :func:`~cpmatrix.run.setup.prepare_run`), pack
-(:func:`~cpmatrix.run.setup.pack_spec`), schedule (the scheduler's runner, pool and world
-split), and the :class:`~cpmatrix.run.context.RunContext` made once from all of it, with
-the recorded histories read once (:class:`~cpmatrix.run.sharding.Recorded`). What differs
+Prepare (devices, runner, sources, cache: :func:`~cpmatrix.supervise.setup.prepare_run`), pack
+(:func:`~cpmatrix.supervise.setup.pack_spec`), schedule (the scheduler's runner, pool and world
+split), and the :class:`~cpmatrix.supervise.context.RunContext` made once from all of it, with
+the recorded histories read once (:class:`~cpmatrix.supervise.sharding.Recorded`). What differs
 between ``cpmatrix run``, ``repro`` and the pytest front is a :class:`Front`; the
 executors (one per kind of cell) are the front's to hand down, as ``executors``.
 
@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from cpmatrix.cache.key import ActionKeys
 from cpmatrix.matrix.schema import Cell, Matrix
 from cpmatrix.plan.packing import PackSpec
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.executors.base import Executor
-from cpmatrix.run.executors.spare import Spare
-from cpmatrix.run.options import RunOptions
-from cpmatrix.run.outdir import OutClaim
-from cpmatrix.run.run_report import RunReport
-from cpmatrix.run.schedulers import Scheduler
-from cpmatrix.run.session import JobPool, Known, Watch, run_cells
-from cpmatrix.run.setup import PreparedRun, make_context, pack_spec, prepare_run
-from cpmatrix.run.sharding import Recorded
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.executors.base import Executor
+from cpmatrix.supervise.executors.spare import Spare
+from cpmatrix.supervise.options import RunOptions
+from cpmatrix.supervise.outdir import OutClaim
+from cpmatrix.supervise.run_report import RunReport
+from cpmatrix.supervise.schedulers import Scheduler
+from cpmatrix.supervise.session import JobPool, Known, Watch, run_cells
+from cpmatrix.supervise.setup import PreparedRun, make_context, pack_spec, prepare_run
+from cpmatrix.supervise.sharding import Recorded
 
 __all__ = ["Assembled", "Front", "assemble"]
 
@@ -50,7 +50,7 @@ class Front:
     #: its cells alone).
     weighed: bool = True
     #: A launcher started before the plan, for the first world that fits (the pytest
-    #: front's, started while it collects: :mod:`cpmatrix.run.executors.spare`).
+    #: front's, started while it collects: :mod:`cpmatrix.supervise.executors.spare`).
     spare: Spare | None = None
     #: ``repro --mutant``: the one cell's runs, unmutated first (a mutant is judged only
     #: against a green cell); None: the matrix's own mutants (``--mutants``) or none.
@@ -74,7 +74,7 @@ class Assembled:
     note: str = ""
 
     def run(self, options: RunOptions, watch: Watch) -> RunReport:
-        """The cells, run (:func:`~cpmatrix.run.session.run_cells`)."""
+        """The cells, run (:func:`~cpmatrix.supervise.session.run_cells`)."""
         return run_cells(self.prepared.cells, self.prepared.platforms, self.context,
                          executors=self.executors, plan=options.planning, pool=self.pool,
                          known=self.known, watch=watch)
@@ -85,9 +85,9 @@ def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: 
              executors: Sequence[Executor], keys: ActionKeys | None = None,
              selection: Sequence[Cell] | None = None, order: str = "") -> Assembled:
     """The one way every front's run is put together: prepare (devices, runner, sources,
-    cache: :func:`~cpmatrix.run.setup.prepare_run`), pack, schedule, and the
+    cache: :func:`~cpmatrix.supervise.setup.prepare_run`), pack, schedule, and the
     :class:`RunContext` made once from all of it, and what is known of the cells
-    (:class:`~cpmatrix.run.session.Known`) once: nothing is changed after. ``executors``:
+    (:class:`~cpmatrix.supervise.session.Known`) once: nothing is changed after. ``executors``:
     the registry the front handed down, one executor per kind of cell."""
     prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
                            selection=selection, order=order, scheduler=scheduler,

@@ -31,9 +31,9 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import Packing, PackSpec
 from cpmatrix.result import Result
-from cpmatrix.run.context import RunContext
-from cpmatrix.run.entry import Entry
-from cpmatrix.run.settings import PlanSettings
+from cpmatrix.supervise.context import RunContext
+from cpmatrix.supervise.entry import Entry
+from cpmatrix.supervise.settings import PlanSettings
 
 __all__ = ["Executor", "Job", "executor_for", "plan_all"]
 

@@ -35,7 +35,7 @@ from cpmatrix.defaults import LAUNCHER, RUNNER
 from cpmatrix.errors import UsageError
 from cpmatrix.plan.balance import parse_shard
 from cpmatrix.plan.ordering import parse_order
-from cpmatrix.run.settings import (
+from cpmatrix.supervise.settings import (
     PLAN_DEFAULTS,
     CacheSettings,
     FaultTimings,
