@@ -7,7 +7,7 @@
 #     BASE=python:3.11-slim-bookworm@sha256:<digest> docker/build-image.sh cpu
 #
 # The tag hashes <platform>.Dockerfile, requirements-<platform>.txt and the base image
-# (python -m cpmatrix.run.runners.image ref), so an image with the same tag is the same build and is
+# (python -m cpmatrix.supervise.runners.image ref), so an image with the same tag is the same build and is
 # reused as is. Prints the image reference as its last line.
 set -euo pipefail
 
@@ -16,8 +16,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 python=${PYTHON:-python3}
 
-# cpmatrix.run.runners.image needs only the standard library, so any Python 3.11+ can run it from src/.
-image_py() { PYTHONPATH="$root/src" "$python" -m cpmatrix.run.runners.image "$@" --docker-dir "$here"; }
+# cpmatrix.supervise.runners.image needs only the standard library, so any Python 3.11+ can run it from src/.
+image_py() { PYTHONPATH="$root/src" "$python" -m cpmatrix.supervise.runners.image "$@" --docker-dir "$here"; }
 
 base=${BASE:-$(image_py base "$platform")}
 if ! docker image inspect "$base" >/dev/null 2>&1; then
