@@ -127,7 +127,7 @@ class CellSpec(_Json):
             kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
             dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
             platform=cell.platform, timeout_s=cell.timeout_s, mutant=mutant,
-            out_dir=out_dir, run_number=run_number,
+            out_dir=out_dir, run_number=run_number, spill=cell.spill_spec() or None,
         )
 
 
