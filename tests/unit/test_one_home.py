@@ -151,9 +151,7 @@ def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
 
 
 def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
-    homes = {"CellSpec": {"worker/protocol/records.py"},
-             # The pytest front's own fixture: a context of a plain pytest test, no spec.
-             "CellContext": {"cell.py", "kinds/pytest/plugin.py"}}
+    homes = {"CellSpec": {"worker/protocol/records.py"}, "CellContext": {"cell.py"}}
     found = []
     for rel, p in _sources():
         for node in ast.walk(ast.parse(p.read_text())):

@@ -137,6 +137,19 @@ class CellSpec(_Json):
         return self.rows * self.cols
 
     @classmethod
+    def of_world(cls, id: str, *, world_size: int, platform: str, out_dir: str) -> CellSpec:
+        """A cell of no matrix: the whole world as one ``1xN`` mesh, every other axis at
+        its default (a test run natively under ``torchrun -m pytest``, the pytest
+        plugin's ``cell`` fixture).
+
+        >>> spec = CellSpec.of_world("t.py::x", world_size=4, platform="cpu", out_dir="o")
+        >>> spec.world_size, spec.dtype, spec.path, spec.params
+        (4, 'fp64', 'reference', {})
+        """
+        return cls(id=id, target="", case="", rows=1, cols=world_size, dtype="fp64",
+                   out_dir=out_dir, platform=platform)
+
+    @classmethod
     def from_cell(cls, cell: Cell, *, out_dir: str, mutant: str = "",
                   run_number: int = 1) -> CellSpec:
         """The one copy of a cell's fields into the spec a child runs (the axes parsed).
