@@ -85,7 +85,12 @@ class CellFields(Protocol):
 
 @dataclass(kw_only=True)
 class CellContext:
-    """The object a case receives. Attributes are read-only by convention."""
+    """The object a case receives. Attributes are read-only by convention.
+
+    Why a shape apart from the ``CellSpec`` it is made from (:meth:`from_spec`): it is
+    the user's API, and it holds the rank's live torch objects (mesh, device, dtype,
+    generator) that no JSON record can carry.
+    """
 
     #: The cell id, e.g. ``ring_attention[unit,2x2,fp64,autocast=off,reference]@cpu``.
     id: str

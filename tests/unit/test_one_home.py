@@ -111,23 +111,34 @@ def test_parity_check_names_are_check_members() -> None:
 
 def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
     """Cell -> CellSpec -> CellContext: every field the spec and the context share with
-    the cell arrives, none set by hand on the way (``from_cell``, ``from_spec``)."""
-    from dataclasses import fields
+    the cell arrives, none set by hand on the way (``from_cell``, ``from_spec``); a kind's
+    payload (``spill``, ``pytest``) too, so no executor patches the spec after
+    ``from_cell``."""
+    import json
+    from dataclasses import fields, replace
 
     from cpmatrix.cell import CellContext
     from cpmatrix.matrix.schema import Cell, Mesh
-    from cpmatrix.worker.protocol import CellSpec
+    from cpmatrix.worker.protocol import CellSpec, PytestSpec
 
     cell = Cell(id="t[layer,2x3,bf16,autocast=on,kernel]@cuda", target="t", case="m:f",
                 kind="property", level="layer", mesh=Mesh.parse("2x3"), dtype="bf16",
                 autocast=True, path="kernel", params=(("seq", 7),), platform="cuda",
-                timeout_s=42, tags=(), case_file="/src/m.py")
+                timeout_s=42, tags=(), case_file="/src/m.py",
+                spill=json.dumps({"kernel": "k.py:add", "arch": "sm_90"}),
+                pytest=json.dumps({"nodeid": "t.py::x", "dialect": "marker", "session": "{}"}))
     spec = CellSpec.from_cell(cell, out_dir="cells/x", mutant="off_by_one", run_number=3)
     assert CellSpec.from_json(spec.to_json()) == spec
+    parsed = {"params": dict(cell.params), "spill": cell.spill_spec(),
+              "pytest": PytestSpec(nodeid="t.py::x", dialect="marker", session="{}")}
     for f in fields(CellSpec):
-        if hasattr(cell, f.name) and f.name != "spill":
-            want = dict(cell.params) if f.name == "params" else getattr(cell, f.name)
+        if hasattr(cell, f.name):
+            want = parsed.get(f.name, getattr(cell, f.name))
             assert getattr(spec, f.name) == want, f.name
+    assert spec.spill == {"kernel": "k.py:add", "arch": "sm_90"}
+    # A cell of another kind carries no payload.
+    plain = CellSpec.from_cell(replace(cell, spill="", pytest=""), out_dir="x")
+    assert (plain.spill, plain.pytest) == (None, None)
     assert (spec.rows, spec.cols, spec.world_size) == (2, 3, 6)
     assert (spec.out_dir, spec.mutant, spec.run_number) == ("cells/x", "off_by_one", 3)
 
@@ -140,9 +151,7 @@ def test_a_cells_fields_reach_the_case_through_one_conversion() -> None:
 
 
 def test_cell_specs_and_contexts_are_made_by_their_conversions_only() -> None:
-    homes = {"CellSpec": {"worker/protocol/records.py"},
-             # The pytest front's own fixture: a context of a plain pytest test, no spec.
-             "CellContext": {"cell.py", "kinds/pytest/plugin.py"}}
+    homes = {"CellSpec": {"worker/protocol/records.py"}, "CellContext": {"cell.py"}}
     found = []
     for rel, p in _sources():
         for node in ast.walk(ast.parse(p.read_text())):

@@ -17,7 +17,9 @@ import pytest
 from cpmatrix.supervise.executors.attribution import launcher_root_cause
 from cpmatrix.worker import protocol
 from cpmatrix.worker.protocol import (
+    CellSpec,
     PeerReport,
+    PytestSpec,
     Ready,
     RootCause,
     WorldFolder,
@@ -33,7 +35,8 @@ from cpmatrix.worker.subworld import SubWorld
 SRC = Path(__file__).resolve().parents[2] / "src" / "cpmatrix"
 #: The two sides of the protocol (the kinds' executors and jobs with the supervisor's).
 SIDES = (SRC / "worker", SRC / "supervise" / "executors", SRC / "kinds" / "world",
-         SRC / "kinds" / "compile", SRC / "kinds" / "pytest" / "executor.py")
+         SRC / "kinds" / "compile", SRC / "kinds" / "pytest" / "executor.py",
+         SRC / "kinds" / "pytest" / "rank_session.py")
 
 #: What the protocol spells: a string literal (or an f-string's text) of either side
 #: matching one of these is a spelling by hand.
@@ -124,11 +127,18 @@ def test_doctests(module: object) -> None:
 
 def test_records_round_trip_and_refuse_other_runs_and_other_shapes(tmp_path: Path) -> None:
     path = tmp_path / "w.json"
+    # A cell of each kind's payload: a pytest cell's test, a spill cell's compile spec.
+    cells = [CellSpec(id="p", target="t", case="m:f", rows=1, cols=2, dtype="fp64",
+                      out_dir="x", pytest=PytestSpec(nodeid="t.py::a", dialect="marker",
+                                                     session='{"dir": "/r"}')),
+             CellSpec(id="s", target="t", case="m:f", rows=1, cols=1, dtype="fp64",
+                      out_dir="y", spill={"kernel": "k.py:add"})]
     world = WorldSpec(name="w", run_id="r1", supervisor_pid=1, dir="d", out_root="o",
                       backend="gloo", device="cpu", platform="cpu", pg_timeout_s=60.0,
-                      pythonpath=[], project_roots=[], cells=[], profile=True)
+                      pythonpath=[], project_roots=[], cells=cells, profile=True)
     write_typed(path, world)
     assert read_typed(path, WorldSpec) == world
+    assert isinstance(world.to_json()["cells"][0]["pytest"], dict)  # (plain JSON on disk)
     assert read_typed(path, WorldSpec, run="r1") == world
     assert read_typed(path, WorldSpec, run="r2") is None  # another run's
     assert read_typed(path, RootCause) is None  # not this type's shape
@@ -137,6 +147,11 @@ def test_records_round_trip_and_refuse_other_runs_and_other_shapes(tmp_path: Pat
     data = world.to_json()
     del data["profile"]
     assert WorldSpec.from_json(data).profile is False
+    # A pytest cell whose test is not a mapping with a node id is no cell of this shape.
+    for bad in ("t.py::a", {"dialect": "marker"}):
+        data["cells"][0]["pytest"] = bad
+        with pytest.raises(ValueError, match="PytestSpec"):
+            WorldSpec.from_json(data)
 
 
 def test_store_words_parse_back_and_garbage_is_never_go_or_ok() -> None:

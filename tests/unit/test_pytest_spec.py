@@ -56,6 +56,46 @@ def test_cells_ids_parse_back_and_carry_their_test() -> None:
     assert Cell.from_dict(cells[0].to_dict()) == cells[0]
 
 
+def test_a_pytest_cells_test_reaches_its_ranks_apart_from_the_users_params(
+        tmp_path: Path) -> None:
+    """Through the world file a pytest job writes: the test (node id, dialect, session)
+    travels in ``CellSpec.pytest``, the case's ``cell.params`` holds only the target's
+    axes (docs/running.md), and the rank's session reads each test from there."""
+    from cpmatrix.cell import CellContext
+    from cpmatrix.kinds.pytest.executor import PytestExecutor
+    from cpmatrix.kinds.pytest.rank_session import _RankSession
+    from cpmatrix.module_names import PYTEST_PREPARE
+    from cpmatrix.supervise.context import RunContext
+    from cpmatrix.supervise.entry import Entry
+    from cpmatrix.supervise.runners.base import Launch
+    from cpmatrix.supervise.runners.local import LocalRunner
+    from cpmatrix.worker.protocol import PytestSpec, WorldSpec, read_typed
+
+    class NoLaunch(LocalRunner):  # the world file is written, then nothing starts
+        def command(self, launch: Launch) -> tuple[list[str], dict[str, str]]:
+            raise OSError("not started here")
+
+    cells = cells_for([t("tests/test_a.py::test_x"),
+                       replace(t("tests/test_a.py::test_y"), dialect="deepspeed")],
+                      SESSION, platform=CPU)
+    context = RunContext(out_root=tmp_path, runner=NoLaunch(), run_id="r")
+    job = PytestExecutor().job("000-w", [Entry(cell=c) for c in cells], CPU, context, ())
+    job.start()
+    assert job.start_failed  # (nothing ran: the file below is the job's own)
+    world = read_typed(job.folder.world_file, WorldSpec, run="r")
+    assert world is not None and world.prepare == PYTEST_PREPARE
+    for entry, spec in zip(job.entries, world.cells, strict=True):
+        ctx = CellContext.from_spec(spec, rank=0, mesh=None, device="cpu", backend="gloo",
+                                    dtype=None, seed=0, generator=None, out_dir=tmp_path)
+        assert ctx.params == dict(entry.cell.params) == {"test": slug_of(
+            cell_test(entry.cell)["nodeid"])}
+        assert spec.pytest == PytestSpec(**cell_test(entry.cell))
+    ranks = _RankSession(world, 0, list(world.cells))
+    assert ranks.by_cell == {e.cell.id: cell_test(e.cell)["nodeid"] for e in job.entries}
+    assert ranks.deepspeed == {"tests/test_a.py::test_y"}
+    assert ranks.spec.to_json() == SESSION.to_json()
+
+
 def test_node_ids_that_share_a_slug_get_each_their_own_stable_id() -> None:
     a, b = "tests/test_a.py::test_x[a b]", "tests/test_a.py::test_x[a/b]"
     assert slug_of(a) != slug_of(b)  # (shown: the two map apart already) ...

@@ -54,6 +54,10 @@ def test_every_test_ends_as_it_does_natively(front: Run, native: dict[str, Run])
     # Every kind of outcome is among them: the comparison is not of passes alone.
     seen = set(front.outcomes.values())
     assert {"passed", "failed", "skipped", "xfailed"} <= seen
+    # The cell fixture holds the user's view on both sides (no cpmatrix internals in its
+    # params, its platform the device's): passed, not failed alike.
+    fixture = "dialects.test_marker_dialect::test_cell_fixture"
+    assert front.outcomes[fixture] == native["marker"].outcomes[fixture] == "passed"
 
 
 def test_the_front_ran_every_test_of_the_suite(front: Run) -> None:

@@ -377,7 +377,10 @@ class Cell:
     """One runnable combination: a target at fixed axis values on one platform.
 
     ``id`` is stable, human-readable, unique within a matrix, safe as a file name,
-    and parses back with :func:`cpmatrix.matrix.cellid.parse_cell_id`.
+    and parses back with :func:`cpmatrix.matrix.cellid.parse_cell_id`. The supervisor's
+    shape of a cell, the one its digest covers; a run of it is a
+    :class:`~cpmatrix.supervise.entry.Entry`, and the ranks get a
+    :class:`~cpmatrix.worker.protocol.CellSpec` (docs/architecture.md, "A cell's shapes").
     """
 
     id: str
@@ -413,7 +416,7 @@ class Cell:
         return spec
 
     def to_dict(self) -> dict[str, object]:
-        """The ``list --json`` view (also what a world file carries to the worker)."""
+        """The ``list --json`` view (a world file carries ``CellSpec.to_json`` instead)."""
         return {
             "id": self.id,
             "target": self.target,

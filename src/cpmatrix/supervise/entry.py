@@ -37,7 +37,13 @@ def cell_folder(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One cell to run (optionally with a mutant switched on), and which attempt this is."""
+    """One cell to run (optionally with a mutant switched on), and which attempt this is.
+
+    Why a shape apart from the ``Cell`` it wraps (copying none of its fields): one cell
+    runs several times in a session (each mutant, a crash's retry, each of ``--runs-per-test``
+    N runs), and each run needs its own key and folder; the cell stays the
+    content-addressed unit its digest and cache key are of.
+    """
 
     cell: Cell
     mutant: str = ""

@@ -19,7 +19,6 @@ import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -112,7 +111,7 @@ class CompileRun:
                 run_id=ctx.run_id, folder=str(self.folder.path),
                 cache_dir=str(ctx.compile_cache) if ctx.compile_cache else None,
                 search_path=list(ctx.pythonpath), out_root=str(ctx.out_root),
-                cells=[replace(cell_spec(e), spill=e.cell.spill_spec()) for e in self.entries])
+                cells=[cell_spec(e) for e in self.entries])
             write_typed(self.folder.job_file, job)
             home = str(self.folder.path)
             env = hermetic_env(ctx.source_env, home=home, tmp=home,

@@ -37,7 +37,6 @@ from cpmatrix.result import Result, Status
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
 from cpmatrix.supervise.settings import PlanSettings
-from cpmatrix.worker.protocol import CellSpec
 
 __all__ = ["PytestExecutor", "PytestWorldRun"]
 
@@ -46,11 +45,6 @@ class PytestWorldRun(WorldRun):
     """A world of pytest cells; each result judged from the ranks' pytest reports."""
 
     prepare = PYTEST_PREPARE
-
-    def cell_spec(self, entry: Entry) -> CellSpec:
-        """The cell with its test (node id, dialect, session) in its params."""
-        spec = super().cell_spec(entry)
-        return replace(spec, params={**spec.params, **cell_test(entry.cell)})
 
     def _with_folder(self, entry: Entry, result: Result) -> Result:
         """The result judged from the ranks' reports, with its working folder removed or

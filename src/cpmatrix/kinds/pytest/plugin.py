@@ -194,24 +194,28 @@ def cell(request: Any) -> Any:
 
 
 def _native_cell(request: Any) -> Any:
+    """Under a plain torchrun: no matrix cell exists, so the test's spec is made from the
+    live world (:meth:`CellSpec.of_world`) and converted as any rank converts its cell."""
     import torch
     import torch.distributed as dist
 
-    from cpmatrix.cell import CellContext, seed_for
+    from cpmatrix.cell import TORCH_DTYPES, CellContext, seed_for
+    from cpmatrix.worker.protocol import CellSpec
 
     if not dist.is_initialized():
         pytest.skip("the cell fixture needs a world: run with pytest --cpmatrix")
-    seed = seed_for(request.node.nodeid)
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed)
     cuda = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     folder = request.getfixturevalue("tmp_path")
-    return CellContext(id=request.node.nodeid, rank=dist.get_rank(),
-                       world_size=dist.get_world_size(), mesh=None, device=device,
-                       backend=dist.get_backend(), dtype=torch.float64, dtype_name="fp64",
-                       autocast=False, path="reference", level="unit", params={},
-                       seed=seed, generator=generator, out_dir=folder)
+    spec = CellSpec.of_world(request.node.nodeid, world_size=dist.get_world_size(),
+                             platform=device.type, out_dir=str(folder))
+    seed = seed_for(spec.id, spec.run_number)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    return CellContext.from_spec(spec, rank=dist.get_rank(), mesh=None, device=device,
+                                 backend=dist.get_backend(),
+                                 dtype=getattr(torch, TORCH_DTYPES[spec.dtype]), seed=seed,
+                                 generator=generator, out_dir=folder)
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.kinds.pytest.records import REPORTS_FILE
 from cpmatrix.kinds.pytest.spec import KIND, PytestSession
-from cpmatrix.worker.protocol import WorldFolder, WorldSpec
+from cpmatrix.worker.protocol import CellSpec, PytestSpec, WorldFolder, WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "before_fork", "case", "current_cell",
            "pinned_args", "prepare"]
@@ -123,13 +123,20 @@ def before_fork(world: WorldSpec, installed: Callable[[str], bool]) -> list[str]
     ``installed(path)`` tells an installed file. The names imported."""
     from cpmatrix.kinds.pytest.preload import preload
 
-    cells = [c for c in world.cells if c.kind == KIND]
-    if not cells:
+    tests = [_test_of(c) for c in world.cells if c.kind == KIND]
+    if not tests:
         return []
-    spec = PytestSession.from_json(str(cells[0].params["session"]))
-    files = _test_files(spec, (str(c.params["nodeid"]) for c in cells))
+    spec = PytestSession.from_json(tests[0].session)
+    files = _test_files(spec, (t.nodeid for t in tests))
     return preload(files, spec.rootdir, [p for p in spec.sys_path if p], installed,
                    cwd=spec.dir, args=spec.args)
+
+
+def _test_of(cell: CellSpec) -> PytestSpec:
+    """The test a pytest cell runs (``CellSpec.from_cell`` always fills it)."""
+    if cell.pytest is None:
+        raise SessionError(f"{cell.id}: a pytest cell without its test in the world file")
+    return cell.pytest
 
 
 def _test_files(spec: PytestSession, nodeids: Iterable[str]) -> list[str]:
@@ -158,7 +165,10 @@ def case(cell: CellContext) -> None:
                            "prepare step for its pytest cells)")
     if state.error:
         raise SessionError(f"the rank's pytest session did not start:\n{state.error}")
-    nodeid = str(cell.params["nodeid"])
+    test = state.tests.get(cell.id)
+    if test is None:
+        raise SessionError(f"{cell.id}: not one of this rank's pytest cells")
+    nodeid = test.nodeid
     item = state.items.get(nodeid)
     if item is None:
         errors = "\n".join(state.collect_errors) or "(no collection error was reported)"
@@ -169,7 +179,7 @@ def case(cell: CellContext) -> None:
     _CELL = cell
     try:
         phases = state.run(item, state.next_item(cell.id), cell,
-                           dialect_of(str(cell.params.get("dialect", ""))))
+                           dialect_of(test.dialect))
     finally:
         _CELL = None
     _tell_peers(phases)
@@ -207,16 +217,16 @@ def _tell_peers(phases: list[dict[str, Any]]) -> None:
 class _RankSession:
     """This rank's pytest config, session and collected items."""
 
-    def __init__(self, world: WorldSpec, rank: int, cells: list[Any]) -> None:
+    def __init__(self, world: WorldSpec, rank: int, cells: list[CellSpec]) -> None:
         self.world = world
         self.rank = rank
-        self.spec = PytestSession.from_json(str(cells[0].params["session"]))
-        #: Cell ids in the order this rank runs them, and each one's node id.
-        self.by_cell = {c.id: str(c.params["nodeid"]) for c in cells}
+        #: Cell ids in the order this rank runs them, and each one's test.
+        self.tests = {c.id: _test_of(c) for c in cells}
+        self.spec = PytestSession.from_json(next(iter(self.tests.values())).session)
+        self.by_cell = {cell_id: t.nodeid for cell_id, t in self.tests.items()}
         self.order = list(self.by_cell)
         self._position = {cell_id: i for i, cell_id in enumerate(self.order)}
-        self.deepspeed = {str(c.params["nodeid"]) for c in cells
-                          if c.params.get("dialect") == "deepspeed"}
+        self.deepspeed = {t.nodeid for t in self.tests.values() if t.dialect == "deepspeed"}
         self.items: dict[str, Any] = {}
         self.collect_errors: list[str] = []
         self.error = ""

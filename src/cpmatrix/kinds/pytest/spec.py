@@ -139,7 +139,7 @@ class PytestTest:
 
 def cell_test(cell: Cell) -> dict[str, str]:
     """A pytest cell's test: ``nodeid``, ``dialect`` and ``session`` (a
-    :class:`PytestSession` as JSON); what its ranks get as params besides ``test``."""
+    :class:`PytestSession` as JSON); its ranks get it as ``CellSpec.pytest``."""
     data = json.loads(cell.pytest) if cell.pytest else {}
     return {k: str(v) for k, v in data.items()}
 

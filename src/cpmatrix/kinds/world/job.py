@@ -73,7 +73,9 @@ __all__ = ["WorldRun", "cell_spec"]
 
 
 def cell_spec(entry: Entry) -> CellSpec:
-    """The typed cell a rank runs: the axes parsed once, here."""
+    """The typed cell a rank runs: the axes parsed once, here. (A run's number is 0 in
+    ``Entry`` for the only run, so its key and folder are a plain run's; the rank counts
+    from 1, and ``seed_for`` draws the same for both.)"""
     return CellSpec.from_cell(entry.cell, out_dir=entry.out_dir, mutant=entry.mutant,
                               run_number=max(entry.run, 1))
 
@@ -128,10 +130,6 @@ class WorldRun:
     def token(self) -> str:
         return self.child.token
 
-    def cell_spec(self, entry: Entry) -> CellSpec:
-        """What the ranks get of ``entry`` (a subclass may add to its params)."""
-        return cell_spec(entry)
-
     def start(self) -> None:
         """Write the world file and start the launcher; OS errors fail the world's cells."""
         ctx, folder = self.context, self.folder
@@ -148,7 +146,7 @@ class WorldRun:
                 device=self.platform.device, platform=self.platform.name,
                 pg_timeout_s=float(max(e.cell.timeout_s for e in self.entries) + 60),
                 pythonpath=list(ctx.pythonpath), project_roots=list(ctx.project_roots),
-                cells=[self.cell_spec(e) for e in self.entries], prepare=self.prepare,
+                cells=[cell_spec(e) for e in self.entries], prepare=self.prepare,
                 placement=[list(p) for p in self.placement], profile=ctx.profile)
             write_typed(folder.world_file, world)
             env = world_env(ctx.source_env, self.platform.env, ctx.pythonpath,

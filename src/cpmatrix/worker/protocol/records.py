@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
     "Outcome",
     "OutcomeStatus",
     "PidFile",
+    "PytestSpec",
     "RankLeft",
     "RootCause",
     "StartMarker",
@@ -72,6 +74,9 @@ class _Json:
             nested = _NESTED.get((cls.__name__, name))
             if nested is not None and name in values:
                 values[name] = [nested.from_json(item) for item in values[name]]
+            one = _NESTED_ONE.get((cls.__name__, name))
+            if one is not None and values.get(name) is not None:
+                values[name] = one.from_json(values[name])
         try:
             return cls(**values)
         except TypeError as exc:
@@ -79,8 +84,28 @@ class _Json:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PytestSpec(_Json):
+    """What a pytest cell's ranks need to run its test
+    (:mod:`cpmatrix.kinds.pytest.rank_session`); none of it is the user's ``cell.params``."""
+
+    #: The test's pytest node id, as collected.
+    nodeid: str
+    #: How the test asks for ranks (``kinds.pytest.spec.DIALECTS``).
+    dialect: str = ""
+    #: The pytest session it was collected in (``kinds.pytest.spec.PytestSession``, as
+    #: JSON): the rank re-creates it once for all the world's tests.
+    session: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CellSpec(_Json):
-    """One cell as a child process runs it: every axis already parsed."""
+    """One cell as a child process runs it: every axis already parsed.
+
+    Why a shape of its own between the matrix's ``Cell`` and the case's ``CellContext``:
+    it crosses the process boundary as JSON (the world or compile job file), and the
+    worker reads it without importing the matrix's modules, whose edits would otherwise
+    change every cached result's key (the worker's import closure is in each key).
+    """
 
     id: str
     target: str
@@ -104,10 +129,25 @@ class CellSpec(_Json):
     case_file: str = ""
     #: For compile cells: the kernel's compile spec (``SpillBlock.for_cell``).
     spill: dict[str, Any] | None = None
+    #: For pytest cells: the test to run (never in ``params``, the target's axes).
+    pytest: PytestSpec | None = None
 
     @property
     def world_size(self) -> int:
         return self.rows * self.cols
+
+    @classmethod
+    def of_world(cls, id: str, *, world_size: int, platform: str, out_dir: str) -> CellSpec:
+        """A cell of no matrix: the whole world as one ``1xN`` mesh, every other axis at
+        its default (a test run natively under ``torchrun -m pytest``, the pytest
+        plugin's ``cell`` fixture).
+
+        >>> spec = CellSpec.of_world("t.py::x", world_size=4, platform="cpu", out_dir="o")
+        >>> spec.world_size, spec.dtype, spec.path, spec.params
+        (4, 'fp64', 'reference', {})
+        """
+        return cls(id=id, target="", case="", rows=1, cols=world_size, dtype="fp64",
+                   out_dir=out_dir, platform=platform)
 
     @classmethod
     def from_cell(cls, cell: Cell, *, out_dir: str, mutant: str = "",
@@ -127,7 +167,8 @@ class CellSpec(_Json):
             kind=cell.kind, level=cell.level, rows=cell.mesh.rows, cols=cell.mesh.cols,
             dtype=cell.dtype, autocast=cell.autocast, path=cell.path, params=dict(cell.params),
             platform=cell.platform, timeout_s=cell.timeout_s, mutant=mutant,
-            out_dir=out_dir, run_number=run_number,
+            out_dir=out_dir, run_number=run_number, spill=cell.spill_spec() or None,
+            pytest=PytestSpec.from_json(json.loads(cell.pytest)) if cell.pytest else None,
         )
 
 
@@ -289,6 +330,10 @@ class RootCause(_Json):
 _NESTED: dict[tuple[str, str], type[_Json]] = {
     ("WorldSpec", "cells"): CellSpec,
     ("CompileJob", "cells"): CellSpec,
+}
+#: Fields holding one nested record, or None.
+_NESTED_ONE: dict[tuple[str, str], type[_Json]] = {
+    ("CellSpec", "pytest"): PytestSpec,
 }
 
 

@@ -39,6 +39,9 @@ def test_sharded_sum(mesh, n, module_value):
 def test_cell_fixture(cell, rank):
     assert cell.rank == rank == dist.get_rank()
     assert cell.world_size == 2
+    # The user's view only: the target's axes (none natively), no cpmatrix internals.
+    assert set(cell.params) <= {"test"}, cell.params
+    assert cell.platform == cell.device.type and cell.dtype_name == "fp64"
     draws = torch.randn(3, generator=cell.generator)
     gathered = [torch.zeros(3) for _ in range(2)]
     dist.all_gather(gathered, draws)
