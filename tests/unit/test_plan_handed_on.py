@@ -19,11 +19,12 @@ from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Mesh, Platform
 from cpmatrix.plan import packing as packing_module
 from cpmatrix.plan.packing import PackSpec, pack
+from cpmatrix.plan.plan import Placement, make_plan
+from cpmatrix.plan.settings import PlanSettings
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
 from cpmatrix.supervise.runners import get_runner
-from cpmatrix.supervise.session import JobPool, Known, _plan_session, _Session
-from cpmatrix.supervise.settings import PlanSettings
+from cpmatrix.supervise.session import JobPool, _queue, _Session
 
 PLATFORM = Platform(name="cpu", backend="gloo", device="cpu")
 
@@ -74,16 +75,21 @@ def test_each_batch_is_packed_once_and_its_world_runs_that_packing(
         started.append(_NotStarted(job))
         return started[-1]
 
-    pool = JobPool(jobs=8, worlds=2, wrap_job=hold)
+    pool = JobPool(jobs=8, wrap_job=hold)
     session = _Session(context, {"cpu": PLATFORM}, pool=pool, store=None, on_result=None)
-    _plan_session(session, EXECUTORS, CELLS, PlanSettings(batch_size=4), Known(), pool)
+    plan = make_plan(EXECUTORS, Placement(cells=tuple(CELLS), worlds=2, pack=spec,
+                                          durations=DURATIONS,
+                                          settings=PlanSettings(batch_size=4)))
+    once = [len(b.cells) for _, bs in plan.batches for b in bs]
+    assert packed == once  # the plan: once per batch
+    _queue(session, plan)
+    assert packed == once, "the session packed the plan's batches again"
     items = list(session.queue)
     planned = [i.packing for i in items]
     assert all(p is not None for p in planned) and len(planned) >= 2
-    assert packed == [len(i.entries) for i in items]  # the plan: once per batch
     while session.queue:
         assert session._launch_next()
-    assert packed == [len(i.entries) for i in items], "a job packed its planned cells again"
+    assert packed == once, "a job packed its planned cells again"
     for item, p, held in zip(items, planned, started, strict=True):
         assert p is not None
         world: WorldRun = held.job
@@ -114,7 +120,6 @@ def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int])
 def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     """``--keep-order`` (matrix order, one cell at a time, to bisect a state leak) is said
     once, by the run's pack (``setup.pack_spec``: ``serial``), and the plan follows it."""
-    from cpmatrix.supervise.executors.base import plan_all
     from cpmatrix.supervise.options import RunOptions
     from cpmatrix.supervise.schedulers import scheduler_for
     from cpmatrix.supervise.setup import pack_spec
@@ -122,8 +127,9 @@ def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     options = RunOptions(keep_order=True)
     spec = pack_spec(options, [PLATFORM], devices=0, scheduler=scheduler_for(options))
     assert spec.serial
-    plans = plan_all(EXECUTORS, CELLS, options.planning, durations=DURATIONS, worlds=1, pack=spec)
-    batches = [b for _, bs in plans for b in bs]
+    plan = make_plan(EXECUTORS, Placement(cells=tuple(CELLS), pack=spec, durations=DURATIONS,
+                                          settings=options.planning))
+    batches = [b for _, bs in plan.batches for b in bs]
     assert sum(len(b.cells) for b in batches) == len(CELLS)
     # One cell at a time: no two slots of a batch overlap in time.
     for b in batches:

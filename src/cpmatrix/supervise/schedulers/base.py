@@ -59,16 +59,16 @@ class Scheduler(Protocol):
 
     def pool(self, devices: int) -> JobPool:
         """Jobs at once and the devices in the session's pool, for ``devices`` per world
-        (no world split, no wrapper: :meth:`schedule` adds those)."""
+        (no wrapper: :meth:`schedule` adds it)."""
 
     def worlds(self, cells: Sequence[Cell], durations: Callable[[], Mapping[str, float]]
                ) -> int:
-        """How many worlds each platform's ``cells`` are split into."""
+        """How many worlds each platform's ``cells`` are split into (asked once per run,
+        for its plan: :class:`~cpmatrix.plan.plan.Placement`)."""
 
-    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
-                 durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        """The jobs' runner (``runner`` as this scheduler starts it), the pool, the world
-        split and the job wrapper of a run into ``out``."""
+    def schedule(self, runner: Runner, out: Path, *, devices: int) -> Scheduling:
+        """The jobs' runner (``runner`` as this scheduler starts it), the pool and the job
+        wrapper of a run into ``out``."""
 
     def describe(self, plans: Plans) -> str:
         """``--dry-run``'s schedule of the planned batches."""
