@@ -136,3 +136,24 @@ def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
         assert b.packing is not None
         spans = sorted((s.start, s.end) for s in b.packing.slots)
         assert all(one[1] <= two[0] for one, two in pairwise(spans)), spans
+
+
+def test_the_plan_leaves_out_the_cached_cells_unless_mutants_are_judged() -> None:
+    """A cached cell is served from the cache, not planned; with mutants it runs (a mutant
+    is judged against its cell run here). Skipped cells stay the placement's,
+    reported unless the front says them itself."""
+    wide = (CELLS[2], "wider than the GPUs")
+    placement = Placement(cells=tuple(CELLS), skipped=(wide,), durations=DURATIONS,
+                          settings=PlanSettings(runs=2))
+    cached = {CELLS[0].id, CELLS[3].id}
+    plan = make_plan(EXECUTORS, placement, cached=cached)
+    planned = [c.id for _, bs in plan.batches for b in bs for c in b.cells]
+    assert [c.id for c in plan.cached] == [CELLS[0].id, CELLS[3].id]
+    assert sorted(planned) == sorted(2 * [c.id for c in CELLS if c.id not in cached])
+    assert plan.skipped == (wide,) and plan.runs == 2 and plan.cells == tuple(CELLS)
+    assert [ex.name for ex, _ in plan.batches] == [ex.name for ex in EXECUTORS]
+
+    judged = make_plan(EXECUTORS, placement, cached=cached, mutants={CELLS[0].id: ["bug"]},
+                       report_skipped=False)
+    assert judged.cached == () and judged.skipped == ()
+    assert CELLS[0].id in {c.id for _, bs in judged.batches for b in bs for c in b.cells}

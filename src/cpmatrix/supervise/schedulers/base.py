@@ -34,8 +34,8 @@ class Scheduling:
 
     #: The runner of the run's jobs (under Slurm: the run's runner inside srun).
     runner: Runner
-    #: Jobs in flight at once, the devices their pool holds, the world split and the
-    #: wrapper that makes each job the scheduler's own.
+    #: Jobs in flight at once, the devices their pool holds and the wrapper that makes
+    #: each job the scheduler's own (the world split is the plan's: :meth:`worlds`).
     pool: JobPool
     #: A line saying where the worlds run ("" for this host).
     note: str = ""
