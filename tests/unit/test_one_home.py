@@ -212,3 +212,64 @@ def test_the_assembly_scan_sees_a_second_path() -> None:
         "supervise/assembly.py:3: replace(context, ...)",
         "supervise/assembly.py:6: load_run_history(...)",
         "supervise/assembly.py:7: replace(run.known, ...)"]
+
+
+#: Who plans a run, and how often: the plan is made once, by make_plan over the placement
+#: place_cells found, in assemble() for a run and in plan_only() for ``--dry-run``; the
+#: session executes it as given. A placement's parts (devices and fits, pack, worlds, the
+#: durations to pack by) are asked in place_cells only. ``plan_all`` is gone: none.
+PLANNING = {"make_plan": {"supervise/assembly.py": 1, "supervise/pipeline.py": 1},
+            "place_cells": {"supervise/assembly.py": 1, "supervise/pipeline.py": 1},
+            "devices_for": {"supervise/assembly.py": 1}, "pack_spec": {"supervise/assembly.py": 1},
+            "worlds": {"supervise/assembly.py": 1}, "planning": {"supervise/assembly.py": 1},
+            "plan_all": {}}
+#: A planner's ``plan`` (and a pack's) is called in the plan stage and the kinds only (an
+#: executor plans its own cells; a world packs the cells handed back to it).
+PLANNERS = ("plan/", "kinds/")
+
+
+def _planning(sources: list[tuple[str, str]]) -> list[str]:
+    """What plans outside :data:`PLANNING`'s homes, or there more often than it says."""
+    counts: dict[str, dict[str, int]] = {name: {} for name in PLANNING}
+    found = []
+    for rel, source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.id if isinstance(node.func, ast.Name) else \
+                node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if name in counts:
+                counts[name][rel] = counts[name].get(rel, 0) + 1
+            elif name == "plan" and not rel.startswith(PLANNERS):
+                found.append(f"{rel}:{node.lineno}: .plan(...)")
+    found += [f"{name}: called {counts[name]}, not {want}" for name, want in PLANNING.items()
+              if counts[name] != want]
+    return found
+
+
+def test_a_run_is_planned_once_and_run_as_planned() -> None:
+    found = _planning([(rel, p.read_text()) for rel, p in _sources()])
+    assert not found, ("a run's plan is made once (make_plan, in assemble and plan_only) "
+                       "and executed as given:\n" + "\n".join(found))
+
+
+def test_the_planning_scan_sees_a_plan_made_again() -> None:
+    real = [(rel, p.read_text()) for rel, p in _sources()]
+    again = [(rel, text.replace("    _queue(session, plan)\n",
+                                "    _queue(session, make_plan(EXECUTORS, plan.placement))\n"))
+             if rel == "supervise/session.py" else (rel, text) for rel, text in real]
+    assert again != real  # (the plant took)
+    assert _planning(again) == [
+        "make_plan: called {'supervise/assembly.py': 1, 'supervise/pipeline.py': 1, "
+        "'supervise/session.py': 1}, not {'supervise/assembly.py': 1, "
+        "'supervise/pipeline.py': 1}"]
+    planted = ("def run_cells(plan, executors, cells, settings):\n"
+               "    batches = [ex.plan(cells, settings) for ex in executors]\n"
+               "    return plan_all(executors, cells, settings)\n")
+    assert _planning([*real, ("supervise/session.py", planted)]) == [
+        "supervise/session.py:2: .plan(...)",
+        "plan_all: called {'supervise/session.py': 1}, not {}"]
+    twice = [(rel, text + "\ndef again(options):\n    return pack_spec(options)\n")
+             if rel == "supervise/pipeline.py" else (rel, text) for rel, text in real]
+    assert _planning(twice) == ["pack_spec: called {'supervise/assembly.py': 1, "
+                                "'supervise/pipeline.py': 1}, not {'supervise/assembly.py': 1}"]

@@ -19,11 +19,12 @@ from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Mesh, Platform
 from cpmatrix.plan import packing as packing_module
 from cpmatrix.plan.packing import PackSpec, pack
+from cpmatrix.plan.plan import Placement, make_plan
+from cpmatrix.plan.settings import PlanSettings
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
 from cpmatrix.supervise.runners import get_runner
-from cpmatrix.supervise.session import JobPool, Known, _plan_session, _Session
-from cpmatrix.supervise.settings import PlanSettings
+from cpmatrix.supervise.session import JobPool, _queue, _Session
 
 PLATFORM = Platform(name="cpu", backend="gloo", device="cpu")
 
@@ -74,16 +75,21 @@ def test_each_batch_is_packed_once_and_its_world_runs_that_packing(
         started.append(_NotStarted(job))
         return started[-1]
 
-    pool = JobPool(jobs=8, worlds=2, wrap_job=hold)
+    pool = JobPool(jobs=8, wrap_job=hold)
     session = _Session(context, {"cpu": PLATFORM}, pool=pool, store=None, on_result=None)
-    _plan_session(session, EXECUTORS, CELLS, PlanSettings(batch_size=4), Known(), pool)
+    plan = make_plan(EXECUTORS, Placement(cells=tuple(CELLS), worlds=2, pack=spec,
+                                          durations=DURATIONS,
+                                          settings=PlanSettings(batch_size=4)))
+    once = [len(b.cells) for _, bs in plan.batches for b in bs]
+    assert packed == once  # the plan: once per batch
+    _queue(session, plan)
+    assert packed == once, "the session packed the plan's batches again"
     items = list(session.queue)
     planned = [i.packing for i in items]
     assert all(p is not None for p in planned) and len(planned) >= 2
-    assert packed == [len(i.entries) for i in items]  # the plan: once per batch
     while session.queue:
         assert session._launch_next()
-    assert packed == [len(i.entries) for i in items], "a job packed its planned cells again"
+    assert packed == once, "a job packed its planned cells again"
     for item, p, held in zip(items, planned, started, strict=True):
         assert p is not None
         world: WorldRun = held.job
@@ -114,7 +120,6 @@ def test_a_world_runs_the_packing_it_is_given(tmp_path: Path, packed: list[int])
 def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     """``--keep-order`` (matrix order, one cell at a time, to bisect a state leak) is said
     once, by the run's pack (``setup.pack_spec``: ``serial``), and the plan follows it."""
-    from cpmatrix.supervise.executors.base import plan_all
     from cpmatrix.supervise.options import RunOptions
     from cpmatrix.supervise.schedulers import scheduler_for
     from cpmatrix.supervise.setup import pack_spec
@@ -122,11 +127,33 @@ def test_keep_order_packs_one_cell_at_a_time_through_the_runs_pack() -> None:
     options = RunOptions(keep_order=True)
     spec = pack_spec(options, [PLATFORM], devices=0, scheduler=scheduler_for(options))
     assert spec.serial
-    plans = plan_all(EXECUTORS, CELLS, options.planning, durations=DURATIONS, worlds=1, pack=spec)
-    batches = [b for _, bs in plans for b in bs]
+    plan = make_plan(EXECUTORS, Placement(cells=tuple(CELLS), pack=spec, durations=DURATIONS,
+                                          settings=options.planning))
+    batches = [b for _, bs in plan.batches for b in bs]
     assert sum(len(b.cells) for b in batches) == len(CELLS)
     # One cell at a time: no two slots of a batch overlap in time.
     for b in batches:
         assert b.packing is not None
         spans = sorted((s.start, s.end) for s in b.packing.slots)
         assert all(one[1] <= two[0] for one, two in pairwise(spans)), spans
+
+
+def test_the_plan_leaves_out_the_cached_cells_unless_mutants_are_judged() -> None:
+    """A cached cell is served from the cache, not planned; with mutants it runs (a mutant
+    is judged against its cell run here). Skipped cells stay the placement's,
+    reported unless the front says them itself."""
+    wide = (CELLS[2], "wider than the GPUs")
+    placement = Placement(cells=tuple(CELLS), skipped=(wide,), durations=DURATIONS,
+                          settings=PlanSettings(runs=2))
+    cached = {CELLS[0].id, CELLS[3].id}
+    plan = make_plan(EXECUTORS, placement, cached=cached)
+    planned = [c.id for _, bs in plan.batches for b in bs for c in b.cells]
+    assert [c.id for c in plan.cached] == [CELLS[0].id, CELLS[3].id]
+    assert sorted(planned) == sorted(2 * [c.id for c in CELLS if c.id not in cached])
+    assert plan.skipped == (wide,) and plan.runs == 2 and plan.cells == tuple(CELLS)
+    assert [ex.name for ex, _ in plan.batches] == [ex.name for ex in EXECUTORS]
+
+    judged = make_plan(EXECUTORS, placement, cached=cached, mutants={CELLS[0].id: ["bug"]},
+                       report_skipped=False)
+    assert judged.cached == () and judged.skipped == ()
+    assert CELLS[0].id in {c.id for _, bs in judged.batches for b in bs for c in b.cells}

@@ -10,10 +10,11 @@ import pytest
 from cpmatrix.kinds.executors import EXECUTORS
 from cpmatrix.matrix.expand import expand
 from cpmatrix.matrix.load import load_matrix
+from cpmatrix.plan.plan import Placement, make_plan
 from cpmatrix.report import read_report
 from cpmatrix.supervise.options import RunOptions
 from cpmatrix.supervise.runners import get_runner
-from cpmatrix.supervise.session import Known, Watch, run_cells
+from cpmatrix.supervise.session import Watch, run_cells
 from cpmatrix.supervise.setup import devices_for, make_context
 
 RES = Path(__file__).parents[1] / "resources"
@@ -31,8 +32,8 @@ def test_skipped_cells_are_reported_beside_the_cells_that_ran(tmp_path: Path) ->
     out = tmp_path / "out"
     options = make_context(matrix, out, get_runner("local"), RunOptions(), run_id="test-skip")
     seen: list[str] = []
-    report = run_cells(run, {p.name: p for p in matrix.platforms}, options,
-                       executors=EXECUTORS, known=Known(skipped=skipped),
+    plan = make_plan(EXECUTORS, Placement(cells=tuple(run), skipped=tuple(skipped)))
+    report = run_cells(plan, {p.name: p for p in matrix.platforms}, options,
                        watch=Watch(on_result=lambda entry, result: seen.append(entry.key)))
     # One world for the cell that ran, none for the skipped ones; progress hears of the
     # cell that ran only.

@@ -3,8 +3,8 @@
 Every kind of ``matrix.schema.KINDS`` is one executor's (tests/unit/test_one_home.py).
 The fronts (``cpmatrix run``, ``repro``, the pytest plugin) hand this tuple down to the
 run's pipeline; the core asks it through
-:func:`~cpmatrix.supervise.executors.base.executor_for` and
-:func:`~cpmatrix.supervise.executors.base.plan_all` and names no kind's executor itself.
+:func:`~cpmatrix.supervise.executors.base.executor_for`, the plan stage through
+:func:`~cpmatrix.plan.plan.make_plan`, and neither names a kind's executor itself.
 
 Example::
 

@@ -1,18 +1,22 @@
 """A run put together, the same way for every front: :func:`assemble`.
 
-Prepare (devices, runner, sources, cache: :func:`~cpmatrix.supervise.setup.prepare_run`), pack
-(:func:`~cpmatrix.supervise.setup.pack_spec`), schedule (the scheduler's runner, pool and world
-split), and the :class:`~cpmatrix.supervise.context.RunContext` made once from all of it, with
-the recorded histories read once (:class:`~cpmatrix.supervise.sharding.Recorded`). What differs
-between ``cpmatrix run``, ``repro`` and the pytest front is a :class:`Front`; the
+Place (the cells that fit here, the worlds, the pack, the durations: :func:`place_cells`),
+prepare (runner, sources, cache: :func:`~cpmatrix.supervise.setup.prepare_run`), plan
+(:func:`~cpmatrix.plan.plan.make_plan`, once: the run executes it as given), schedule
+(the scheduler's runner and pool), and the
+:class:`~cpmatrix.supervise.context.RunContext` made once from all of it, with the
+recorded histories read once (:class:`~cpmatrix.supervise.sharding.Recorded`). What
+differs between ``cpmatrix run``, ``repro`` and the pytest front is a :class:`Front`; the
 executors (one per kind of cell) are the front's to hand down, as ``executors``.
+``--dry-run`` places and plans alike and prints the plan
+(:func:`cpmatrix.supervise.pipeline.plan_only`).
 
 Example::
 
     run = assemble(options, matrix, cells, claim, scheduler_for(options),
                    Recorded(options, claim.path), Front(repro=("--matrix", "m.yaml")),
                    executors=EXECUTORS)
-    report = run.run(options, Watch())
+    report = run.run(Watch())
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cpmatrix.cache.key import ActionKeys
-from cpmatrix.matrix.schema import Cell, Matrix
+from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.plan.packing import PackSpec
+from cpmatrix.plan.plan import Placement, Plan, make_plan
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.executors.base import Executor
 from cpmatrix.supervise.executors.spare import Spare
@@ -31,10 +36,16 @@ from cpmatrix.supervise.outdir import OutClaim
 from cpmatrix.supervise.run_report import RunReport
 from cpmatrix.supervise.schedulers import Scheduler
 from cpmatrix.supervise.session import JobPool, Known, Watch, run_cells
-from cpmatrix.supervise.setup import PreparedRun, make_context, pack_spec, prepare_run
+from cpmatrix.supervise.setup import (
+    PreparedRun,
+    devices_for,
+    make_context,
+    pack_spec,
+    prepare_run,
+)
 from cpmatrix.supervise.sharding import Recorded
 
-__all__ = ["Assembled", "Front", "assemble"]
+__all__ = ["Assembled", "Front", "assemble", "place_cells"]
 
 
 @dataclass(frozen=True)
@@ -62,52 +73,69 @@ class Front:
 
 @dataclass(frozen=True)
 class Assembled:
-    """A run made whole before it starts: the prepared cells, the run's context (made
-    once), the job pool, what is known of the cells, and the executors that run them."""
+    """A run made whole before it starts: the prepared cells, their plan (made once),
+    the run's context (made once), the job pool and what is known of the cells."""
 
     prepared: PreparedRun
+    plan: Plan[Executor]
     context: RunContext
     pool: JobPool
     known: Known
-    executors: Sequence[Executor]
     #: A line saying where the worlds run ("" for this host).
     note: str = ""
 
-    def run(self, options: RunOptions, watch: Watch) -> RunReport:
-        """The cells, run (:func:`~cpmatrix.supervise.session.run_cells`)."""
-        return run_cells(self.prepared.cells, self.prepared.platforms, self.context,
-                         executors=self.executors, plan=options.planning, pool=self.pool,
+    def run(self, watch: Watch) -> RunReport:
+        """The plan, run as given (:func:`~cpmatrix.supervise.session.run_cells`)."""
+        return run_cells(self.plan, self.prepared.platforms, self.context, pool=self.pool,
                          known=self.known, watch=watch)
+
+
+def place_cells(options: RunOptions, cells: Sequence[Cell],
+                platforms: Mapping[str, Platform], *, scheduler: Scheduler,
+                recorded: Recorded, executors: Sequence[Executor], front: Front) -> Placement:
+    """What the plan of ``cells`` is made from, the same for a run and ``--dry-run``: the
+    cells that fit this host's devices (the rest skipped, with why), the worlds the
+    scheduler splits them into, how a world packs them, and the durations it packs by."""
+    devices, fits, skipped, needs = devices_for(cells, platforms, options,
+                                                executors=executors)
+    pack, worlds = PackSpec(), 1  # repro: its cells in one world, packed by the defaults
+    if front.scheduled:
+        # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
+        pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
+        worlds = scheduler.worlds(fits, recorded.durations if front.weighed else dict)
+    return Placement(cells=tuple(fits), skipped=tuple(skipped), devices=devices,
+                     needs_devices=needs, worlds=worlds, pack=pack,
+                     durations=recorded.planning(pack), settings=options.planning)
 
 
 def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: OutClaim,
              scheduler: Scheduler, recorded: Recorded, front: Front, *,
              executors: Sequence[Executor], keys: ActionKeys | None = None,
              selection: Sequence[Cell] | None = None, order: str = "") -> Assembled:
-    """The one way every front's run is put together: prepare (devices, runner, sources,
-    cache: :func:`~cpmatrix.supervise.setup.prepare_run`), pack, schedule, and the
-    :class:`RunContext` made once from all of it, and what is known of the cells
+    """The one way every front's run is put together: place (:func:`place_cells`), prepare
+    (runner, sources, cache: :func:`~cpmatrix.supervise.setup.prepare_run`), plan
+    (:func:`~cpmatrix.plan.plan.make_plan`), schedule, and the :class:`RunContext` made
+    once from all of it, and what is known of the cells
     (:class:`~cpmatrix.supervise.session.Known`) once: nothing is changed after. ``executors``:
     the registry the front handed down, one executor per kind of cell."""
-    prepared = prepare_run(options, matrix, list(cells), claim, keys=keys,
+    placement = place_cells(options, cells, {p.name: p for p in matrix.platforms},
+                            scheduler=scheduler, recorded=recorded, executors=executors,
+                            front=front)
+    prepared = prepare_run(options, matrix, list(cells), placement, claim, keys=keys,
                            selection=selection, order=order, scheduler=scheduler,
                            executors=executors)
-    # A cuda world packs every GPU of its host (under Slurm: of its node, --gpus).
-    pack = pack_spec(options, prepared.platforms.values(), devices=prepared.devices,
-                     scheduler=scheduler) if front.scheduled else PackSpec()
-    runner, pool, note = prepared.runner, JobPool(devices=prepared.devices), ""
+    plan = make_plan(executors, placement, cached=prepared.cached,
+                     mutants=prepared.mutants if front.mutants is None else front.mutants,
+                     report_skipped=front.report_skipped)
+    runner, pool, note = prepared.runner, JobPool(devices=placement.devices), ""
     if front.scheduled:
-        scheduling = scheduler.schedule(
-            prepared.runner, prepared.out, prepared.cells, devices=prepared.devices,
-            durations=recorded.durations if front.weighed else dict)
+        scheduling = scheduler.schedule(prepared.runner, prepared.out,
+                                        devices=placement.devices)
         runner, pool, note = scheduling.runner, scheduling.pool, scheduling.note
     context = make_context(matrix, prepared.out, runner, options, claim.run_id,
-                           sources=prepared.sources, order=order, pack=pack,
-                           durations=recorded.planning(pack), repro=front.repro,
+                           sources=prepared.sources, order=order, pack=placement.pack,
+                           durations=placement.durations, repro=front.repro,
                            spare=front.spare)
-    known = Known(cached=prepared.cached, store=prepared.store,
-                  mutants=prepared.mutants if front.mutants is None else front.mutants,
-                  skipped=prepared.skipped if front.report_skipped else (),
-                  recorded=recorded.merged())
-    return Assembled(prepared=prepared, context=context, pool=pool, known=known,
-                     executors=executors, note=note)
+    known = Known(cached=prepared.cached, store=prepared.store, recorded=recorded.merged())
+    return Assembled(prepared=prepared, plan=plan, context=context, pool=pool, known=known,
+                     note=note)

@@ -35,13 +35,12 @@ from cpmatrix.defaults import LAUNCHER, RUNNER
 from cpmatrix.errors import UsageError
 from cpmatrix.plan.balance import parse_shard
 from cpmatrix.plan.ordering import parse_order
+from cpmatrix.plan.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.supervise.settings import (
-    PLAN_DEFAULTS,
     CacheSettings,
     FaultTimings,
     Launcher,
     Packing,
-    PlanSettings,
     RunnerChoice,
     SchedulerName,
     SlurmSettings,

@@ -2,10 +2,12 @@
 report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
 
 ``cpmatrix run`` is the stages of :data:`RUN_STAGES`; every front's run is put together
-by one function, :func:`cpmatrix.supervise.assembly.assemble` (prepare, pack, schedule, the
-:class:`~cpmatrix.supervise.context.RunContext` made once); what differs between the fronts is
-a :class:`~cpmatrix.supervise.assembly.Front`. docs/architecture.md ("A run's stages") draws
-the whole.
+by one function, :func:`cpmatrix.supervise.assembly.assemble` (place, prepare, plan,
+schedule, the :class:`~cpmatrix.supervise.context.RunContext` made once); what differs
+between the fronts is a :class:`~cpmatrix.supervise.assembly.Front`. ``--dry-run`` places
+and plans as a run does (:func:`~cpmatrix.supervise.assembly.place_cells`,
+:func:`~cpmatrix.plan.plan.make_plan`) and prints the plan. docs/architecture.md ("A run's
+stages") draws the whole.
 
 A front parses its input into :class:`~cpmatrix.supervise.options.RunOptions` and the selected
 cells, calls one function here with the executors it runs cells by (the registry,
@@ -40,18 +42,19 @@ from cpmatrix.cache.provenance import cell_digests, run_source
 from cpmatrix.errors import ExitCode
 from cpmatrix.matrix.schema import Cell, Matrix, Platform
 from cpmatrix.plan.ordering import Order, arrange, failed_first, parse_order
+from cpmatrix.plan.plan import Placement, make_plan
 from cpmatrix.report.last_failed import read_last_failed, update_last_failed
 from cpmatrix.result import Result
-from cpmatrix.supervise.assembly import Assembled, Front, assemble
+from cpmatrix.supervise.assembly import Assembled, Front, assemble, place_cells
 from cpmatrix.supervise.entry import Entry
-from cpmatrix.supervise.executors.base import Executor, plan_all
+from cpmatrix.supervise.executors.base import Executor
 from cpmatrix.supervise.executors.spare import Spare
 from cpmatrix.supervise.options import RunOptions
 from cpmatrix.supervise.outdir import OutClaim, claim_out
 from cpmatrix.supervise.run_report import RunReport
 from cpmatrix.supervise.schedulers import Scheduler, scheduler_for
 from cpmatrix.supervise.session import Watch
-from cpmatrix.supervise.setup import PreparedRun, devices_for, pack_spec
+from cpmatrix.supervise.setup import PreparedRun
 from cpmatrix.supervise.sharding import Recorded, take_shard, write_empty_report
 from cpmatrix.supervise.stopping import Stopper, StopRequested, exit_code_for, stop_on_signals
 
@@ -205,7 +208,7 @@ def _run_stage(run: _Run) -> _Run:
 def _exit_stage(run: _Run) -> int:
     """0, 1, 3, or the stopping signal's code (:func:`_exit_code`)."""
     assert run.report is not None and run.assembled is not None
-    return _exit_code(run.report, run.signum, run.assembled.prepared, run.hooks)
+    return _exit_code(run.report, run.signum, run.assembled.plan.placement, run.hooks)
 
 
 #: ``cpmatrix run``'s stages, in order, as nox runs its tasks: each takes the run as far
@@ -281,21 +284,21 @@ def _run_assembled(options: RunOptions, run: Assembled, hooks: Hooks
                    ) -> tuple[RunReport, int | None]:
     """Run the assembled cells; report.html, the cache's uploads and the summary after.
     (The report, and the signal that stopped the run.)"""
-    prepared = run.prepared
-    if prepared.skipped:
-        hooks.warn(f"skipping {len(prepared.skipped)} cuda cells wider than the "
-                   f"{prepared.devices} GPU(s) visible (one rank per GPU); they are reported "
+    prepared, placement = run.prepared, run.plan.placement
+    if placement.skipped:
+        hooks.warn(f"skipping {len(placement.skipped)} cuda cells wider than the "
+                   f"{placement.devices} GPU(s) visible (one rank per GPU); they are reported "
                    "as skipped")
     hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
     if run.note:
         hooks.say(run.note)
     if options.runs_per_test > 1:
         hooks.say(f"runs per test: {options.runs_per_test} (each of the "
-                  f"{len(prepared.cells)} cells runs that often; runs that disagree make it "
+                  f"{len(placement.cells)} cells runs that often; runs that disagree make it "
                   "FLAKY)")
     with stop_on_signals() as stopper:
         try:
-            report = run.run(options, Watch(on_start=hooks.start, on_result=hooks.result,
+            report = run.run(Watch(on_start=hooks.start, on_result=hooks.result,
                                             on_launch=hooks.launched, stopper=stopper,
                                             maxfail=options.maxfail))
         finally:
@@ -321,15 +324,15 @@ def _finish(out: Path, prepared: PreparedRun, report: RunReport, hooks: Hooks) -
         hooks.say(report.mutant_line())
 
 
-def _exit_code(report: RunReport, signum: int | None, prepared: PreparedRun,
+def _exit_code(report: RunReport, signum: int | None, placement: Placement,
                hooks: Hooks) -> int:
     stopped = report.stopped_by or signum
     if stopped is not None:
         hooks.warn(f"stopped by {signal.Signals(stopped).name}: unfinished cells are "
                    "reported as interrupted")
         return exit_code_for(stopped)
-    if not prepared.cells:
-        hooks.warn(_nothing_fits(len(prepared.skipped), prepared.devices)
+    if not placement.cells:
+        hooks.warn(_nothing_fits(len(placement.skipped), placement.devices)
                    + "; the report lists them as skipped")
         return ExitCode.NOTHING_SELECTED
     # A skipped cell is not ok either: 0 means every selected cell passed.
@@ -345,15 +348,14 @@ def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: Run
               hooks: Hooks, *, scheduler: Scheduler, recorded: Recorded,
               executors: Sequence[Executor]) -> int:
     """``--dry-run``: print the plan each of ``executors`` makes (the busiest first); run
-    nothing."""
-    devices, fits, skipped, needs = devices_for(cells, platforms, options,
-                                                executors=executors)
-    # Split, packed and weighed as a real run's (assemble()).
-    slots = scheduler.worlds(fits, recorded.durations)
-    pack = pack_spec(options, platforms.values(), devices=devices, scheduler=scheduler)
-    runs = options.planning.runs  # each run is an entry of the plan, as in a real run
-    plans = plan_all(executors, fits, options.planning, durations=recorded.planning(pack),
-                     worlds=slots, pack=pack)[::-1]
+    nothing. Placed and planned as a real run is (:func:`assemble`), without the cache
+    and the mutants: the dry run looks nothing up."""
+    placement = place_cells(options, cells, platforms, scheduler=scheduler,
+                            recorded=recorded, executors=executors, front=Front())
+    plan = make_plan(executors, placement)
+    fits, skipped, devices = placement.cells, placement.skipped, placement.devices
+    runs = plan.runs  # each run is an entry of the plan, as in a real run
+    plans = plan.batches[::-1]
     jobs = ", ".join(f"{len(batches)} {ex.plural}" for ex, batches in plans if batches)
     times = f" x {runs} runs" if runs > 1 else ""
     hooks.say(f"plan: {len(fits)} cells{times} in {jobs or 'no jobs'} "
@@ -368,7 +370,7 @@ def plan_only(cells: list[Cell], platforms: Mapping[str, Platform], options: Run
         hooks.say(f"skipped (not run on this host, reported as skipped): {len(skipped)} cells")
         for c, why in skipped:
             hooks.say(f"  {c.id}  {why}")
-    if needs and devices == 0:
+    if placement.needs_devices and devices == 0:
         hooks.say("note: no CUDA device is visible here, so a real run exits 2; "
                   "--gpus N plans for a host with N GPUs")
     if not fits:
@@ -415,15 +417,15 @@ def reproduce(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *, mut
     front = Front(scheduled=False, report_skipped=False,
                   mutants={cells[0].id: ["", mutant]} if mutant else None)
     with _assembled(options, matrix, cells, front, executors) as run:
-        prepared = run.prepared
-        for cell, why in prepared.skipped:
+        prepared, placement = run.prepared, run.plan.placement
+        for cell, why in placement.skipped:
             hooks.warn(f"{cell.id}: cannot run here: {why}")
-        if not prepared.cells:
+        if not placement.cells:
             return Reproduced(report=None, code=ExitCode.USAGE)
         hooks.say(f"runner: {prepared.runner.name} ({prepared.why_runner})")
         hooks.ready(prepared.runner.name)
         with hooks.watching(prepared.out), stop_on_signals() as stopper:
-            report = run.run(options, Watch(stopper=stopper))
+            report = run.run(Watch(stopper=stopper))
     if report.stopped_by is not None:
         return Reproduced(report=report, code=exit_code_for(report.stopped_by))
     result = list(report.results.values())[-1]  # the mutant run, with --mutant
@@ -443,7 +445,7 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
     with _assembled(options, matrix, cells, Front(weighed=False, spare=spare),
                     executors) as run, \
             stop_on_signals() as stopper:
-        return run.run(options, Watch(on_result=_whole(stopper, on_result),
+        return run.run(Watch(on_result=_whole(stopper, on_result),
                                       on_start=on_start, stopper=stopper))
 
 

@@ -1,9 +1,10 @@
-"""A run: plan -> jobs (with restarts and retries) -> results -> merged report.
+"""A run: the plan's batches -> jobs (with restarts and retries) -> results -> merged report.
 
-:func:`run_cells` is what ``cpmatrix run`` calls. It owns the scheduling loop and knows
-no cell kind: each cell's executor (among the ``executors`` it is handed) plans its batches and
-makes the jobs that run them; fault handling lives in the executors, what a result
-means in :mod:`cpmatrix.supervise.policies`.
+:func:`run_cells` is what ``cpmatrix run`` calls, with the run's
+:class:`~cpmatrix.plan.plan.Plan` (made once, before: :func:`cpmatrix.plan.plan.make_plan`),
+which it executes as given. It owns the scheduling loop and knows no cell kind: each
+batch's executor makes the job that runs it; fault handling lives in the executors, what
+a result means in :mod:`cpmatrix.supervise.policies`.
 
 Guarantees: every planned entry ends as exactly one result; a crashed cell is retried
 once alone (passed on retry -> FLAKY); with ``runs=N`` every cell is planned N times
@@ -24,7 +25,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from cpmatrix.fsutil import atomic_write_json
@@ -32,16 +33,16 @@ from cpmatrix.layout import RunLayout
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import DevicePool
 from cpmatrix.plan.packing import Packing
+from cpmatrix.plan.plan import Plan
 from cpmatrix.report.history import CellHistory, save_run_history, with_runs
 from cpmatrix.report.junit import write_run_junit
 from cpmatrix.report.repro_line import repro_command
 from cpmatrix.result import FailureKind, Result, Status, testcase_name
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
-from cpmatrix.supervise.executors.base import Executor, Job, plan_all
+from cpmatrix.supervise.executors.base import Executor, Job
 from cpmatrix.supervise.policies import CrashRetry, combine_entries, interpret_mutant, next_run
 from cpmatrix.supervise.run_report import RunReport
-from cpmatrix.supervise.settings import PLAN_DEFAULTS, PlanSettings
 from cpmatrix.supervise.stopping import Stopper, StopRequested
 from cpmatrix.worker.procs import (
     descendants,
@@ -79,12 +80,11 @@ class _Item:
 
 @dataclass(frozen=True, kw_only=True)
 class JobPool:
-    """Jobs at once, cuda devices in the pool, worlds per platform (default ``jobs``),
-    and the scheduler's job wrapper (:class:`cpmatrix.supervise.schedulers.Scheduling`)."""
+    """Jobs at once, cuda devices in the pool, and the scheduler's job wrapper
+    (:class:`cpmatrix.supervise.schedulers.Scheduling`)."""
 
     jobs: int = 1
     devices: int = 0
-    worlds: int | None = None
     #: Makes each job another scheduler's
     #: (:class:`cpmatrix.supervise.schedulers.slurm.SlurmJob`); its jobs then start
     #: longest-expected first, so each of the ``jobs`` slots takes the longest world left
@@ -94,15 +94,12 @@ class JobPool:
 
 @dataclass(frozen=True, kw_only=True)
 class Known:
-    """What is known of the cells before the run: cached passes (and how to store new
-    ones), declared mutants, cells skipped here with why, recorded histories."""
+    """What is known of the cells before the run: cached passes (the plan's
+    :attr:`~cpmatrix.plan.plan.Plan.cached` are reported by them) and how to store new
+    ones, recorded histories."""
 
     cached: Mapping[str, Result] = field(default_factory=dict)
     store: Callable[[Cell, Result], str] | None = None
-    mutants: Mapping[str, Sequence[str]] | None = None
-    #: Cells not run here, each with the reason (a cuda cell wider than the GPUs
-    #: visible, see :func:`cpmatrix.plan.batches.fit_to_devices`): reported ``skipped``.
-    skipped: Sequence[tuple[Cell, str]] = ()
     #: The run's recorded histories, read once before the run
     #: (:meth:`cpmatrix.supervise.sharding.Recorded.merged`): this run's history starts from them
     #: (none handed: a fresh history). What the worlds pack by is ``RunContext.durations``,
@@ -132,12 +129,12 @@ class _MaxFail(Exception):
 _ONE_BY_ONE, _NOTHING_KNOWN, _UNWATCHED = JobPool(), Known(), Watch()
 
 
-def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context: RunContext,
-              *, executors: Sequence[Executor], plan: PlanSettings = PLAN_DEFAULTS,
-              pool: JobPool = _ONE_BY_ONE, known: Known = _NOTHING_KNOWN,
+def run_cells(plan: Plan[Executor], platforms: Mapping[str, Platform], context: RunContext,
+              *, pool: JobPool = _ONE_BY_ONE, known: Known = _NOTHING_KNOWN,
               watch: Watch = _UNWATCHED) -> RunReport:
-    """Run ``cells`` (with ``known.mutants``: once per mutant too), each by its kind's
-    executor among ``executors``; write the report.
+    """Run ``plan`` as given: each batch by the executor that planned it; its cached
+    cells reported by their cached pass (``known.cached``), its skipped cells ``skipped``;
+    write the report.
 
     ``plan.runs`` (``--runs-per-test``): each cell runs that many times (run numbers
     1..N), the report holds one result per cell, its runs combined (``Result.runs``,
@@ -158,14 +155,14 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     session = _Session(context, platforms, pool=pool, store=known.store,
                        on_result=watch.on_result)
     session.watch = watch
-    hits = _plan_session(session, executors, cells, plan, known, pool)
+    _queue(session, plan)
     if watch.on_start is not None:
-        watch.on_start(len(session.planned) + len(hits))
-    for c in hits:
+        watch.on_start(len(session.planned) + len(plan.cached))
+    for c in plan.cached:
         entry = Entry(cell=c)
         session.planned.append(entry)
         session.record("cached", entry, known.cached[c.id])
-    for c, why in known.skipped:
+    for c, why in plan.skipped:
         entry = Entry(cell=c)
         session.planned.append(entry)
         session.record("skipped", entry, Result(cell_id=c.id, status=Status.SKIPPED,
@@ -180,7 +177,7 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     report = layout.report_xml
     write_run_junit(layout,
                     {b: [ordered[k] for k in keys] for b, keys in session.by_batch.items()},
-                    {c.id: c for c in (*cells, *(c for c, _ in known.skipped))},
+                    {c.id: c for c in (*plan.cells, *(c for c, _ in plan.skipped))},
                     run_id=context.run_id,
                     properties={"cpmatrix.order": context.order} if context.order else None)
     atomic_write_json(layout.results, [r.to_dict() for r in ordered.values()])
@@ -195,18 +192,12 @@ def run_cells(cells: Sequence[Cell], platforms: Mapping[str, Platform], context:
     )
 
 
-def _plan_session(session: _Session, executors: Sequence[Executor], cells: Sequence[Cell],
-                  plan: PlanSettings, known: Known, pool: JobPool) -> list[Cell]:
-    """Queue every executor's batches (each cell ``plan.runs`` times); the cached cells."""
-    mutants = known.mutants
-    hits = [c for c in cells if c.id in known.cached and not mutants]
-    todo = [c for c in cells if not (c.id in known.cached and not mutants)]
+def _queue(session: _Session, plan: Plan[Executor]) -> None:
+    """Queue the plan's batches as given, each with its packing (a cell's runs numbered
+    1..N); under a job wrapper (Slurm) the longest expected first."""
     weights: dict[str, float] = {}
     run_numbers: dict[str, int] = {}
-    for executor, batches in plan_all(
-            executors, todo, plan, durations=session.context.durations,
-            worlds=pool.jobs if pool.worlds is None else pool.worlds,
-            pack=session.context.pack, mutants=mutants):
+    for executor, batches in plan.batches:
         for b in batches:
             weights[b.name] = b.expected_s
             entries = [Entry(cell=c, mutant=b.mutant_of(i),
@@ -216,9 +207,8 @@ def _plan_session(session: _Session, executors: Sequence[Executor], cells: Seque
             session.queue.append(_Item(batch=b.name, entries=entries, executor=executor,
                                        packing=b.packing))
             session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
-    if pool.wrap_job is not None:
+    if session.wrap_job is not None:
         session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
-    return hits
 
 
 def _drive(session: _Session, stopper: Stopper | None

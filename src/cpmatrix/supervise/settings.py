@@ -3,7 +3,9 @@
 :class:`~cpmatrix.supervise.options.RunOptions` is the command line (one field per flag); the
 run reads it through these sections (``options.timings``, ``options.slurm``,
 ``options.planning``, ``options.caching``), and :class:`~cpmatrix.supervise.context.RunContext`
-carries the same :class:`FaultTimings` to the jobs. A section's defaults are its own:
+carries the same :class:`FaultTimings` to the jobs. The plan's and the cache's sections are
+their stages' own (:class:`~cpmatrix.plan.settings.PlanSettings`,
+:class:`~cpmatrix.cache.settings.CacheSettings`). A section's defaults are its own:
 ``RunOptions`` takes each flag's default from its section (``--jobs``, ``--launcher`` and
 the like, which belong to no section, keep theirs there).
 
@@ -21,13 +23,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from typing import Any, Literal, get_args
 
 # The cache's section is the cache's own (cpmatrix.cache sits below the supervisor).
 from cpmatrix.cache.settings import CacheSettings
 
-__all__ = ["PLAN_DEFAULTS", "CacheSettings", "FaultTimings", "Launcher", "Packing", "PlanSettings",
-           "RunnerChoice", "SchedulerName", "SlurmSettings", "choices"]
+__all__ = ["CacheSettings", "FaultTimings", "Launcher", "Packing", "RunnerChoice", "SchedulerName",
+           "SlurmSettings", "choices"]
 
 #: How a world's ranks are started (see docs/worlds.md for the measured choice).
 Launcher = Literal["fork", "torchrun"]
@@ -79,18 +81,3 @@ class SlurmSettings:
     def given(self) -> bool:
         """Whether any Slurm-only flag was given (they need the Slurm scheduler)."""
         return bool(self.partition or self.account or self.extra_args)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PlanSettings:
-    """How the executors cut cells into batches (``--batch-size``, ``--keep-order``,
-    ``--runs-per-test``)."""
-
-    batch_size: int | None = None
-    keep_order: bool = False
-    #: Each cell runs this many times (run numbers 1..N).
-    runs: int = 1
-
-
-#: A plain run's planning: one run of each cell, the planner's own order.
-PLAN_DEFAULTS: Final = PlanSettings()

@@ -1,16 +1,18 @@
 """A run's setup, shared by ``cpmatrix run``/``spill``, ``repro`` and the nox sessions.
 
 From the options and the selected cells to what :func:`~cpmatrix.supervise.session.run_cells`
-needs: the cells that fit this host's devices (the rest skipped, with why), the runner
+needs beyond its plan: the cells that fit this host's devices (the rest skipped, with
+why: :func:`devices_for`) and how its worlds pack them (:func:`pack_spec`), both for the
+plan's :class:`~cpmatrix.plan.plan.Placement`; then, for the placed cells, the runner
 (and why it was chosen), the cells' sources, the interpreter's identity, the declared
-mutants, and the result cache's hits and store. The run's
+mutants, and the result cache's hits and store (:func:`prepare_run`). The run's
 :class:`~cpmatrix.supervise.context.RunContext` is made once, from these, by
 :func:`make_context` (in :func:`cpmatrix.supervise.assembly.assemble`).
 
 Example::
 
-    prepared = prepare_run(options, matrix, cells, claim, scheduler=scheduler_for(options),
-                           executors=EXECUTORS)
+    prepared = prepare_run(options, matrix, cells, placement, claim,
+                           scheduler=scheduler_for(options), executors=EXECUTORS)
     context = make_context(matrix, prepared.out, prepared.runner, options, claim.run_id,
                            sources=prepared.sources)
 """
@@ -39,6 +41,7 @@ from cpmatrix.paths import IMPORT_ROOT
 from cpmatrix.plan.batches import fit_to_devices
 from cpmatrix.plan.devices import visible_cuda_devices
 from cpmatrix.plan.packing import PackSpec
+from cpmatrix.plan.plan import Placement
 from cpmatrix.result import Result
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.declared_mutants import discover_mutants
@@ -60,13 +63,9 @@ Store = Callable[[Cell, Result], str]
 
 @dataclass
 class PreparedRun:
-    """Everything a run needs beyond its cells' selection."""
+    """Everything a run needs beyond its cells' selection and their placement."""
 
-    cells: list[Cell]
-    #: Selected cells this host cannot run (a cuda cell wider than its GPUs), with why.
-    skipped: list[tuple[Cell, str]]
     platforms: dict[str, Platform]
-    devices: int
     runner: Runner
     why_runner: str
     #: The output folder (``--out``, absolute).
@@ -189,11 +188,12 @@ def cache_root(options: RunOptions) -> Path:
 
 
 def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
-                claim: OutClaim, *, keys: ActionKeys | None = None,
+                placement: Placement, claim: OutClaim, *, keys: ActionKeys | None = None,
                 selection: Sequence[Cell] | None = None, order: str = "",
                 scheduler: Scheduler, executors: Sequence[Executor],
                 machine: MachineSource | None = None) -> PreparedRun:
-    """Devices, runner, context, toolchain, mutants and cache for a run of ``cells``.
+    """Runner, context, toolchain, mutants and cache for a run of ``cells``, of which
+    ``placement`` runs its cells here (the cache and the mutants are of those).
 
     ``keys``: the run's source digests (made here if not given); ``selection``: the whole
     selection when ``cells`` is one shard of it (``run.json`` records the digests of
@@ -207,9 +207,8 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
     """
     out = Path(options.out).resolve()
     platforms = {p.name: p for p in matrix.platforms}
-    devices, fits, skipped, needs = devices_for(cells, platforms, options,
-                                                executors=executors)
-    scheduler.check_devices(needs=needs, devices=devices)
+    fits = placement.cells
+    scheduler.check_devices(needs=placement.needs_devices, devices=placement.devices)
     runner, why = resolve_runner(options.runner, platforms[cells[0].platform],
                                  Path(matrix.path).resolve().parent)
     probe = probe_interpreter(options.python)
@@ -246,8 +245,7 @@ def prepare_run(options: RunOptions, matrix: Matrix, cells: Sequence[Cell],
         "source": {**source.to_dict(), "cells": {
             **mine, **(cell_digests(selection, keys) if selection is not None else {})}},
     })
-    return PreparedRun(cells=fits, skipped=skipped, platforms=platforms, devices=devices,
-                       runner=runner, why_runner=why, out=out, sources=sources,
+    return PreparedRun(platforms=platforms, runner=runner, why_runner=why, out=out, sources=sources,
                        toolchain=toolchain,
                        mutants=mutants, cached=cached, store=store, cache_note=note,
                        cache_layers=layers, machine=ident)

@@ -29,13 +29,13 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.module_names import COMPILE_MAIN
 from cpmatrix.plan.batches import Batch, expected_s
 from cpmatrix.plan.packing import Packing, PackSpec
+from cpmatrix.plan.settings import PlanSettings
 from cpmatrix.result import FailureKind, RankFailure, Result, Status
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
 from cpmatrix.supervise.executors.launch import WORLD_TOKEN, Child, Progress
 from cpmatrix.supervise.runners.base import Launch, hermetic_env
 from cpmatrix.supervise.runners.local import LocalRunner
-from cpmatrix.supervise.settings import PlanSettings
 from cpmatrix.worker.protocol import CompileFolder, CompileJob, Outcome, write_typed
 
 __all__ = ["CompileExecutor", "CompileRun"]

@@ -33,10 +33,10 @@ from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.module_names import PYTEST_PREPARE
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import Packing, PackSpec
+from cpmatrix.plan.settings import PlanSettings
 from cpmatrix.result import Result, Status
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
-from cpmatrix.supervise.settings import PlanSettings
 
 __all__ = ["PytestExecutor", "PytestWorldRun"]
 

@@ -18,9 +18,9 @@ from cpmatrix.kinds.world.job import WorldRun
 from cpmatrix.matrix.schema import Cell, Platform
 from cpmatrix.plan.batches import Batch, plan_batches
 from cpmatrix.plan.packing import Packing, PackSpec, rank_span
+from cpmatrix.plan.settings import PlanSettings
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
-from cpmatrix.supervise.settings import PlanSettings
 
 __all__ = ["WorldExecutor"]
 

@@ -1,9 +1,10 @@
-"""The executor protocol: what runs a kind of cell, behind one interface; and the two
-questions the core asks of a run's executors (:func:`executor_for`, :func:`plan_all`).
+"""The executor protocol: what runs a kind of cell, behind one interface; and the one
+question the core asks of a run's executors (:func:`executor_for`).
 
-A run's session never branches on a cell's kind: it asks the executors it was handed for
-the cell's executor, lets the executor cut its cells into batches, and launches each
-batch as a :class:`Job` it polls until it is finished. Every job keeps the same promises:
+A run's session never branches on a cell's kind: each executor is a planner
+(:class:`cpmatrix.plan.plan.Planner`: the plan stage cuts its cells into batches, once,
+:func:`cpmatrix.plan.plan.make_plan`), and the session launches each planned batch as a
+:class:`Job` it polls until it is finished. Every job keeps the same promises:
 each entry ends as exactly one result, or is handed back (``remaining``) to run in a fresh
 job after a fault that was not its own; ``start_failed`` says the job never started a
 cell (the session retries it).
@@ -17,25 +18,22 @@ not change.
 Example::
 
     executor_for(EXECUTORS, cell.kind).devices_needed([Entry(cell=cell)], platform)
-    for executor, batches in plan_all(EXECUTORS, cells, settings, durations={},
-                                      worlds=1, pack=None):
-        ...
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-from cpmatrix.matrix.schema import Cell, Platform
+from cpmatrix.matrix.schema import Platform
 from cpmatrix.plan.batches import Batch
 from cpmatrix.plan.packing import Packing, PackSpec
+from cpmatrix.plan.plan import Planner, planner_for
 from cpmatrix.result import Result
 from cpmatrix.supervise.context import RunContext
 from cpmatrix.supervise.entry import Entry
-from cpmatrix.supervise.settings import PlanSettings
 
-__all__ = ["Executor", "Job", "executor_for", "plan_all"]
+__all__ = ["Executor", "Job", "executor_for"]
 
 
 class Job(Protocol):
@@ -88,27 +86,15 @@ class Job(Protocol):
         """The last lines its launcher printed (why it did not start, say)."""
 
 
-class Executor(Protocol):
-    """Runs one kind of cell: plans its batches and makes their jobs."""
+class Executor(Planner, Protocol):
+    """Runs one kind of cell: plans its batches (a :class:`~cpmatrix.plan.plan.Planner`:
+    ``name``, ``kinds``, ``supports_mutants``, ``plan``) and makes their jobs."""
 
-    name: str
-    #: The cell kinds it runs (``matrix.schema.KINDS``): each kind is one executor's.
-    kinds: tuple[str, ...]
     #: What its jobs are, in messages: "a world", "the spill compiler"; and counted.
     noun: str
     plural: str
     #: A crashed cell is retried alone once, to tell FLAKY from FAILED.
     retries_crashes: bool
-    #: Cells of this executor can run with a declared mutant switched on.
-    supports_mutants: bool
-
-    def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
-             durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,
-             mutants: Mapping[str, Sequence[str]] | None = None) -> list[Batch]:
-        """Cut ``cells`` (each once per mutant, with ``mutants``) into launchable batches
-        (``settings``: ``--batch-size``, ``--keep-order``; ``durations``: expected seconds
-        per cell id); ``worlds``: how many of them may run at once (``--jobs``), to balance over;
-        ``pack``: how a world places its cells on its ranks (ignored where no world)."""
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform,
                        pack: PackSpec | None = None) -> int:
@@ -133,24 +119,6 @@ class Executor(Protocol):
         version, say): part of the action key."""
 
 
-def executor_for(executors: Sequence[Executor], kind: str) -> Executor:
-    """The executor among ``executors`` that runs cells of ``kind``; KeyError for a kind
-    none of them runs."""
-    for executor in executors:
-        if kind in executor.kinds:
-            return executor
-    raise KeyError(kind)
-
-
-def plan_all(executors: Sequence[Executor], cells: Sequence[Cell], settings: PlanSettings, *,
-             durations: Mapping[str, float], worlds: int, pack: PackSpec | None,
-             mutants: Mapping[str, Sequence[str]] | None = None,
-             ) -> list[tuple[Executor, list[Batch]]]:
-    """Every executor's batches of its own kinds' cells (each cell ``settings.runs``
-    times; ``mutants`` only where the executor takes them), in the order of
-    ``executors``: what a run queues and what ``--dry-run`` prints."""
-    return [(ex, ex.plan([c for c in cells if executor_for(executors, c.kind) is ex
-                          for _ in range(settings.runs)], settings, durations=durations,
-                         worlds=worlds, pack=pack,
-                         mutants=mutants if ex.supports_mutants else None))
-            for ex in executors]
+#: The executor among ``executors`` that runs cells of ``kind`` (KeyError for a kind none
+#: of them runs): the plan stage's question, asked of the executors.
+executor_for = planner_for

@@ -11,7 +11,7 @@ Example::
     >>> scheduler_for(RunOptions()).name, scheduler_for(RunOptions()).whole_platform
     ('host', True)
     >>> scheduler_for(RunOptions(scheduler="slurm", max_jobs=3)).pool(2)
-    JobPool(jobs=3, devices=6, worlds=None, wrap_job=None)
+    JobPool(jobs=3, devices=6, wrap_job=None)
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ class Scheduling:
 
     #: The runner of the run's jobs (under Slurm: the run's runner inside srun).
     runner: Runner
-    #: Jobs in flight at once, the devices their pool holds, the world split and the
-    #: wrapper that makes each job the scheduler's own.
+    #: Jobs in flight at once, the devices their pool holds and the wrapper that makes
+    #: each job the scheduler's own (the world split is the plan's: :meth:`worlds`).
     pool: JobPool
     #: A line saying where the worlds run ("" for this host).
     note: str = ""
@@ -59,16 +59,16 @@ class Scheduler(Protocol):
 
     def pool(self, devices: int) -> JobPool:
         """Jobs at once and the devices in the session's pool, for ``devices`` per world
-        (no world split, no wrapper: :meth:`schedule` adds those)."""
+        (no wrapper: :meth:`schedule` adds it)."""
 
     def worlds(self, cells: Sequence[Cell], durations: Callable[[], Mapping[str, float]]
                ) -> int:
-        """How many worlds each platform's ``cells`` are split into."""
+        """How many worlds each platform's ``cells`` are split into (asked once per run,
+        for its plan: :class:`~cpmatrix.plan.plan.Placement`)."""
 
-    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
-                 durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        """The jobs' runner (``runner`` as this scheduler starts it), the pool, the world
-        split and the job wrapper of a run into ``out``."""
+    def schedule(self, runner: Runner, out: Path, *, devices: int) -> Scheduling:
+        """The jobs' runner (``runner`` as this scheduler starts it), the pool and the job
+        wrapper of a run into ``out``."""
 
     def describe(self, plans: Plans) -> str:
         """``--dry-run``'s schedule of the planned batches."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from cpmatrix.errors import UsageError
@@ -60,10 +59,8 @@ class HostScheduler:
                ) -> int:
         return self.options.jobs
 
-    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
-                 durations: Callable[[], Mapping[str, float]]) -> Scheduling:
-        return Scheduling(runner=runner, pool=replace(
-            self.pool(devices), worlds=self.worlds(cells, durations)))
+    def schedule(self, runner: Runner, out: Path, *, devices: int) -> Scheduling:
+        return Scheduling(runner=runner, pool=self.pool(devices))
 
     def describe(self, plans: Plans) -> str:
         return slot_plan([b for _, bs in plans for b in bs], self.options.jobs,

@@ -436,14 +436,13 @@ class SlurmScheduler:
                ) -> int:
         return slurm_worlds(cells, durations(), self.settings.max_jobs)
 
-    def schedule(self, runner: Runner, out: Path, cells: Sequence[Cell], *, devices: int,
-                 durations: Callable[[], Mapping[str, float]]) -> Scheduling:
+    def schedule(self, runner: Runner, out: Path, *, devices: int) -> Scheduling:
         srun = SlurmRunner(runner, self.settings)
 
         def wrap(job: Job) -> Job:
             return SlurmJob(job, srun)
 
-        pool = replace(self.pool(devices), worlds=self.worlds(cells, durations), wrap_job=wrap)
+        pool = replace(self.pool(devices), wrap_job=wrap)
         return Scheduling(
             runner=srun, pool=pool,
             note=f"scheduler: slurm (each world one srun job, at most {pool.jobs} at once; "
