@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # With the spec: the pytest kind's pure parts (a pytest target's cells, their sources,
     # the verdict over the ranks' reports). Its collector runs pytest: a front's, handed
     # to the expansion from above.
-    ("cpmatrix.matrix", "cpmatrix.kinds.pytest.spec", "cpmatrix.kinds.pytest.sources",
+    ("cpmatrix.matrix", "cpmatrix.kinds.pytest.spec", "cpmatrix.kinds.pytest.session_spec",
+     "cpmatrix.kinds.pytest.sources",
      "cpmatrix.kinds.pytest.verdict", "cpmatrix.kinds.pytest.records"),
     ("cpmatrix.parity", "cpmatrix.suite", "cpmatrix.recipes"),
     ("cpmatrix.spill",),
@@ -51,8 +52,8 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(SRC).with_suffix("")
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -60,7 +61,10 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path, name: str) -> set[str]:
-    tree = ast.parse(path.read_text())
+    return _imports_of(ast.parse(path.read_text()), path, name)
+
+
+def _imports_of(tree: ast.Module, path: Path, name: str) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -195,3 +199,62 @@ def test_the_checks_are_not_vacuous(tmp_path: Path) -> None:
     assert _layer("cpmatrix.supervise.session") < _layer("cpmatrix.kinds.executors")
     # So is the pytest kind's collector: the spec is handed it by whoever expands.
     assert _layer("cpmatrix.matrix.expand") < _layer("cpmatrix.kinds.pytest.collect")
+
+
+#: The modules a world's processes start from (its ranks, the fork launcher, a container's
+#: watchdog) and the pytest kind's rank side they load by name.
+RANK_ENTRIES = ("cpmatrix.worker.world_main", "cpmatrix.worker.forkrun",
+                "cpmatrix.worker.watchdog", "cpmatrix.kinds.pytest.rank_session")
+
+
+def _runtime_imports(path: Path, name: str) -> set[str]:
+    """Like :func:`_imports`, without what only a type checker runs (``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    return _imports_of(tree, path, name)
+
+
+def _closure(roots: tuple[str, ...], root: Path = PACKAGE) -> set[str]:
+    """Every module of the package that importing ``roots`` runs (their packages' __init__
+    included), read from the sources."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        found = {m for m in _runtime_imports(modules[name], name) if m in modules}
+        todo.extend(found | {p for m in found | {name} for p in _parents(m) if p in modules})
+    return seen
+
+
+def test_a_worlds_processes_import_nothing_of_the_spec_side() -> None:
+    """What a world's processes import is hashed into every cached result's key
+    (``cache/key.py``); the matrix's schema and loader are not in it, so an edit there
+    invalidates no cached cell (docs/architecture.md, "A cell's shapes")."""
+    closure = _closure(RANK_ENTRIES)
+    assert set(RANK_ENTRIES) <= closure  # the roots were found: a renamed one is no pass
+    assert not {m for m in closure if m.startswith("cpmatrix.matrix")}, sorted(closure)
+
+
+def test_the_closure_sees_a_spec_import(tmp_path: Path) -> None:
+    """Through the closure the test above takes: an import of the schema two steps away
+    is found, one under ``if TYPE_CHECKING:`` is not."""
+    pkg = tmp_path / "cpmatrix"
+    for folder in (pkg / "worker", pkg / "matrix"):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "matrix" / "schema.py").write_text("")
+    (pkg / "worker" / "world_main.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from cpmatrix.matrix.schema import Cell\nfrom cpmatrix.worker import helper\n")
+    (pkg / "worker" / "helper.py").write_text("def f():\n    import cpmatrix.matrix.schema\n")
+    assert "cpmatrix.matrix.schema" in _closure(("cpmatrix.worker.world_main",), pkg)
+    (pkg / "worker" / "helper.py").write_text("")
+    assert not any(m.startswith("cpmatrix.matrix") for m in
+                   _closure(("cpmatrix.worker.world_main",), pkg))

@@ -3,7 +3,7 @@
 The world file names :func:`prepare` (``WorldSpec.prepare``); each rank calls it before
 its first cell and before the isolation baseline is taken, so the session, the modules it
 imported and the ``sys.path`` it set are every cell's starting state. It re-creates the
-pytest session the tests were collected in (:class:`~cpmatrix.kinds.pytest.spec.PytestSession`:
+pytest session the tests were collected in (:class:`.session_spec.PytestSession`:
 the same command line, from the same folder, with the same ``sys.path``), minus what
 cannot apply in a rank (reporting, selection, the cache, timeouts and crash handling that
 cpmatrix owns), and collects the files of the tests this rank will run.
@@ -36,7 +36,8 @@ from typing import Any
 from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.kinds.pytest.records import REPORTS_FILE
-from cpmatrix.kinds.pytest.spec import KIND, PytestSession
+from cpmatrix.kinds.pytest.session_spec import SESSION_KIND as KIND
+from cpmatrix.kinds.pytest.session_spec import PytestSession
 from cpmatrix.worker.protocol import CellSpec, PytestSpec, WorldFolder, WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "before_fork", "case", "current_cell",

@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from cpmatrix.defaults import TIMEOUT_S
 from cpmatrix.digest import canonical_json, cell_digest_from_parts
+from cpmatrix.kinds.pytest.session_spec import SESSION_KIND, PytestSession
 from cpmatrix.matrix.cellid import format_cell_id
 from cpmatrix.matrix.schema import MAX_TIMEOUT_S, PYTEST_CASE, Cell, Mesh, Platform
 
@@ -50,7 +51,7 @@ __all__ = [
 #: The case every pytest cell runs (inside the rank's pytest session).
 CASE: Final = PYTEST_CASE
 #: The cell kind of pytest tests (``matrix.schema.KINDS``).
-KIND: Final = "pytest"
+KIND: Final = SESSION_KIND
 #: The recognised ways a test asks for ranks (docs/pytest.md, "Dialects").
 DIALECTS: Final = ("torch", "torch_continuous", "marker", "deepspeed", "local")
 #: The tag of a test that opted out of sharing (``@pytest.mark.isolated_world``).
@@ -69,38 +70,6 @@ def slug_of(nodeid: str) -> str:
     """
     text = nodeid.replace("::", ".").replace("/", ".").replace("[", "-").replace("]", "")
     return _UNSAFE.sub("_", text).strip("_") or "test"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PytestSession:
-    """How a rank re-creates the pytest session its tests were collected in.
-
-    ``args`` is the pytest command line as given (the rank overrides what cannot apply
-    there: reporting, selection, ``--cpmatrix`` itself), ``dir`` the folder it was given
-    in (the rank's working folder during a test), ``sys_path`` the collecting process's
-    ``sys.path`` (so a rank imports what pytest imported, from the same places),
-    ``rootdir`` and ``inifile`` (empty: none) what pytest found there: the rank pins
-    them, never finding its own (pytest reads a plugin option's value, such as
-    ``--cpmatrix-out DIR``, as a path while it looks for the rootdir: a folder made
-    since would move it).
-    """
-
-    dir: str
-    args: tuple[str, ...]
-    rootdir: str
-    sys_path: tuple[str, ...] = ()
-    inifile: str = ""
-
-    def to_json(self) -> str:
-        return canonical_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> PytestSession:
-        data = json.loads(text)
-        return cls(dir=str(data["dir"]), args=tuple(map(str, data["args"])),
-                   rootdir=str(data["rootdir"]),
-                   sys_path=tuple(map(str, data.get("sys_path", ()))),
-                   inifile=str(data.get("inifile", "")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -92,7 +92,7 @@ class PytestSpec(_Json):
     nodeid: str
     #: How the test asks for ranks (``kinds.pytest.spec.DIALECTS``).
     dialect: str = ""
-    #: The pytest session it was collected in (``kinds.pytest.spec.PytestSession``, as
+    #: The pytest session it was collected in (``kinds.pytest.session_spec.PytestSession``, as
     #: JSON): the rank re-creates it once for all the world's tests.
     session: str = ""
 
