@@ -157,3 +157,24 @@ def test_the_plan_leaves_out_the_cached_cells_unless_mutants_are_judged() -> Non
                        report_skipped=False)
     assert judged.cached == () and judged.skipped == ()
     assert CELLS[0].id in {c.id for _, bs in judged.batches for b in bs for c in b.cells}
+
+
+@pytest.mark.parametrize("longest_first", [False, True])
+def test_the_session_queues_the_batches_in_the_plans_launch_order(
+        tmp_path: Path, longest_first: bool) -> None:
+    """The launch order is the plan's (longest expected first where the scheduler's slots
+    take the longest world left, as Slurm's do; else the planners' order): the session
+    queues it as given and orders nothing itself."""
+    context = RunContext(out_root=tmp_path, runner=get_runner("local"), run_id="r",
+                         durations=DURATIONS)
+    plan = make_plan(EXECUTORS, Placement(cells=tuple(CELLS), worlds=3, durations=DURATIONS,
+                                          settings=PlanSettings(batch_size=1),
+                                          longest_first=longest_first))
+    flat = [b for _, bs in plan.batches for b in bs]
+    expected = sorted(flat, key=lambda b: -b.expected_s) if longest_first else flat
+    assert [b.name for _, b in plan.launches] == [b.name for b in expected]
+    assert sorted(flat, key=lambda b: -b.expected_s) != flat  # the two orders differ here
+    session = _Session(context, {"cpu": PLATFORM}, pool=JobPool(jobs=2), store=None,
+                       on_result=None)
+    _queue(session, plan)
+    assert [i.batch for i in session.queue] == [b.name for b in expected]

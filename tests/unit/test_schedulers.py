@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,29 @@ def test_a_job_that_runs_here_is_not_watched() -> None:
     job = SlurmJob(inner, runner)
     job.start()
     assert job.slurm_name == "" and not runner.watching and not runner.submitted
+
+
+@pytest.mark.parametrize(("options", "longest_first"), [
+    (RunOptions(), False), (RunOptions(scheduler="slurm", dry_run=True), True)])
+def test_the_plans_launch_order_is_the_schedulers(tmp_path: Path, options: RunOptions,
+                                                  longest_first: bool) -> None:
+    """Slurm's job slots each take the longest world left: its plans launch longest
+    first; this host's in the planners' order (``repro``: always, it is not scheduled)."""
+    from cpmatrix.kinds.executors import EXECUTORS
+    from cpmatrix.matrix.schema import Cell, Mesh, Platform
+    from cpmatrix.supervise.assembly import Front, place_cells
+    from cpmatrix.supervise.sharding import Recorded
+
+    cell = Cell(id="t[unit,1x1,fp64,autocast=off,reference]@cpu", target="t", case="m:f",
+                kind="parity", level="unit", mesh=Mesh.parse("1x1"), dtype="fp64",
+                autocast=False, path="reference", params=(), platform="cpu", timeout_s=60,
+                tags=())
+    platforms = {"cpu": Platform(name="cpu", backend="gloo", device="cpu")}
+
+    def placed(front: Front) -> bool:
+        return place_cells(options, [cell], platforms, scheduler=scheduler_for(options),
+                           recorded=Recorded(options, tmp_path), executors=EXECUTORS,
+                           front=front).longest_first
+
+    assert placed(Front()) is longest_first
+    assert placed(Front(scheduled=False)) is False

@@ -87,6 +87,10 @@ class Placement:
     durations: Mapping[str, float] = field(default_factory=dict)
     #: ``--batch-size``, ``--keep-order``, ``--runs-per-test``.
     settings: PlanSettings = PLAN_DEFAULTS
+    #: The batches launch longest-expected first, whatever their planner: where each of
+    #: the job slots takes the longest world left when it frees (Slurm's: greedy
+    #: longest-first onto the least-loaded slot). Else in the planners' order.
+    longest_first: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +113,14 @@ class Plan(Generic[P]):
     def cells(self) -> tuple[Cell, ...]:
         """The cells this host runs (the cached ones among them)."""
         return self.placement.cells
+
+    @property
+    def launches(self) -> tuple[tuple[P, Batch], ...]:
+        """Every batch with its planner, in the order the run launches them."""
+        flat = tuple((p, b) for p, batches in self.batches for b in batches)
+        if self.placement.longest_first:
+            return tuple(sorted(flat, key=lambda pb: -pb[1].expected_s))
+        return flat
 
     @property
     def runs(self) -> int:

@@ -105,7 +105,8 @@ def place_cells(options: RunOptions, cells: Sequence[Cell],
         worlds = scheduler.worlds(fits, recorded.durations if front.weighed else dict)
     return Placement(cells=tuple(fits), skipped=tuple(skipped), devices=devices,
                      needs_devices=needs, worlds=worlds, pack=pack,
-                     durations=recorded.planning(pack), settings=options.planning)
+                     durations=recorded.planning(pack), settings=options.planning,
+                     longest_first=front.scheduled and scheduler.longest_first)
 
 
 def assemble(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], claim: OutClaim,

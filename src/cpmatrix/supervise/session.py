@@ -86,9 +86,8 @@ class JobPool:
     jobs: int = 1
     devices: int = 0
     #: Makes each job another scheduler's
-    #: (:class:`cpmatrix.supervise.schedulers.slurm.SlurmJob`); its jobs then start
-    #: longest-expected first, so each of the ``jobs`` slots takes the longest world left
-    #: when it frees: greedy longest-first onto the least-loaded job.
+    #: (:class:`cpmatrix.supervise.schedulers.slurm.SlurmJob`); the plan orders their
+    #: launches for it (``Placement.longest_first``).
     wrap_job: Callable[[Job], Job] | None = None
 
 
@@ -193,22 +192,17 @@ def run_cells(plan: Plan[Executor], platforms: Mapping[str, Platform], context: 
 
 
 def _queue(session: _Session, plan: Plan[Executor]) -> None:
-    """Queue the plan's batches as given, each with its packing (a cell's runs numbered
-    1..N); under a job wrapper (Slurm) the longest expected first."""
-    weights: dict[str, float] = {}
+    """Queue the plan's batches as given, in its launch order, each with its packing (a
+    cell's runs numbered 1..N)."""
     run_numbers: dict[str, int] = {}
-    for executor, batches in plan.batches:
-        for b in batches:
-            weights[b.name] = b.expected_s
-            entries = [Entry(cell=c, mutant=b.mutant_of(i),
-                             run=next_run(run_numbers, c.id) if plan.runs > 1 else 0)
-                       for i, c in enumerate(b.cells)]
-            session.planned.extend(entries)
-            session.queue.append(_Item(batch=b.name, entries=entries, executor=executor,
-                                       packing=b.packing))
-            session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
-    if session.wrap_job is not None:
-        session.queue = deque(sorted(session.queue, key=lambda i: -weights[i.batch]))
+    for executor, b in plan.launches:
+        entries = [Entry(cell=c, mutant=b.mutant_of(i),
+                         run=next_run(run_numbers, c.id) if plan.runs > 1 else 0)
+                   for i, c in enumerate(b.cells)]
+        session.planned.extend(entries)
+        session.queue.append(_Item(batch=b.name, entries=entries, executor=executor,
+                                   packing=b.packing))
+        session.jobs_planned[executor.name] = session.jobs_planned.get(executor.name, 0) + 1
 
 
 def _drive(session: _Session, stopper: Stopper | None

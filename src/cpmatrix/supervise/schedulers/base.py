@@ -48,6 +48,9 @@ class Scheduler(Protocol):
     #: A cuda platform's cells stay in one world over every GPU (this host's); else its
     #: worlds are split like any platform's (over nodes).
     whole_platform: bool
+    #: Its jobs start longest-expected first (:attr:`cpmatrix.plan.plan.Placement.longest_first`):
+    #: jobs that queue elsewhere each take the longest world left when a slot frees.
+    longest_first: bool
 
     def preflight(self) -> None:
         """Refuse (:class:`UsageError`) what cannot be scheduled, before ``--out`` is

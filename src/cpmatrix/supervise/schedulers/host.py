@@ -32,6 +32,7 @@ class HostScheduler:
 
     name: SchedulerName = "host"
     whole_platform: bool = True
+    longest_first: bool = False
 
     def __init__(self, options: RunOptions) -> None:
         if options.slurm.given:

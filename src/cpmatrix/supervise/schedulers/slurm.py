@@ -410,6 +410,7 @@ class SlurmScheduler:
 
     name: SchedulerName = "slurm"
     whole_platform: bool = False
+    longest_first: bool = True
 
     def __init__(self, options: RunOptions) -> None:
         self.options = options
