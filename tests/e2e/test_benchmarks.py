@@ -80,3 +80,36 @@ def test_every_benchmark_runs_at_its_smallest_size(script: Path, tmp_path: Path)
         f"python benchmarks/{script.name} --smoke: exit {proc.returncode}\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}")
     assert proc.stdout.strip(), "a benchmark prints its numbers"
+
+
+def test_the_continuous_peer_holds_the_tests_it_is_timed_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``peers.py`` times ``MultiProcContinuousTest`` on as many tests per mesh as its own
+    cells: unittest's loader must find exactly ``REPS`` tests in each mesh's class and no
+    class twice (a module-level name bound to a class is one more TestCase to it: the 3x3
+    world ran twice, 45 tests for 30 cells). The smoke run keeps 2x2 only and cannot see it."""
+    import importlib.util
+    import unittest
+
+    monkeypatch.setenv("CPMATRIX_PEER_REPS", "3")
+    monkeypatch.delenv("CPMATRIX_PEER_MESHES", raising=False)
+    monkeypatch.syspath_prepend(str(BENCHMARKS / "cases"))
+    spec = importlib.util.spec_from_file_location("_peers_continuous_probe",
+                                                  BENCHMARKS / "_peers_continuous.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    suite = unittest.TestLoader().loadTestsFromModule(module)
+    found: dict[str, int] = {}
+    for case in _cases(suite):
+        name = type(case).__name__
+        found[name] = found.get(name, 0) + 1
+    assert found == {"Mesh2x2": 3, "Mesh3x3": 3}
+
+
+def _cases(suite: object) -> list[object]:
+    import unittest
+
+    if isinstance(suite, unittest.TestSuite):
+        return [c for s in suite for c in _cases(s)]
+    return [suite]
