@@ -23,7 +23,8 @@ def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:
         "e": Result(cell_id="e", status=Status.SKIPPED, message=why4),
     }
     text = format_summary(RunReport(results=results, wall_s=1.0, planned={"world": 1},
-                                    starts={"world": 1}, report_path=Path("out/report.xml")),
+                                    starts={"world": 1}, world_jobs=frozenset({"world"}),
+                                    report_path=Path("out/report.xml")),
                           "out")
     lines = text.splitlines()
     assert "==== 1 not passed ====" in lines
@@ -41,6 +42,7 @@ def test_skipped_cells_are_counted_by_reason_not_listed_as_failures() -> None:
 def test_the_summary_counts_worlds_in_singular_and_plural(worlds: int, starts: int,
                                                           words: str) -> None:
     report = RunReport(results={"a": Result(cell_id="a", status=Status.PASSED)}, wall_s=1.0,
-                       planned={"world": worlds}, starts={"world": starts},
-                       report_path=Path("out/report.xml"))
+                       planned={"world": worlds, "compile": 5},
+                       starts={"world": starts, "compile": 5},
+                       world_jobs=frozenset({"world"}), report_path=Path("out/report.xml"))
     assert words in format_summary(report, "out")

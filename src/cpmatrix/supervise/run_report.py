@@ -27,16 +27,20 @@ class RunReport:
     #: Executor name -> jobs planned, and jobs started (restarts and retries included).
     planned: dict[str, int] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
+    #: The executors whose jobs are worlds of ranks (counted by :attr:`worlds`).
+    world_jobs: frozenset[str] = frozenset()
     #: The signal that stopped the run early (SIGINT, SIGTERM), if any.
     stopped_by: int | None = None
 
     @property
     def worlds(self) -> int:
-        return self.planned.get("world", 0) + self.planned.get("pytest", 0)
+        """Worlds planned (the jobs of :attr:`world_jobs`' executors)."""
+        return sum(self.planned.get(name, 0) for name in self.world_jobs)
 
     @property
     def world_starts(self) -> int:
-        return self.starts.get("world", 0) + self.starts.get("pytest", 0)
+        """Worlds started, restarts and retries included."""
+        return sum(self.starts.get(name, 0) for name in self.world_jobs)
 
     def mutant_line(self) -> str:
         """``mutants: K/J killed (kill rate X%)`` over the judged ones, naming the

@@ -188,6 +188,7 @@ def run_cells(plan: Plan[Executor], platforms: Mapping[str, Platform], context: 
     return RunReport(
         results=ordered, wall_s=time.monotonic() - session.t0, report_path=report,
         planned=session.jobs_planned, starts=session.jobs_started, stopped_by=stopped_by,
+        world_jobs=frozenset(ex.name for ex, _ in plan.batches if ex.starts_worlds),
     )
 
 

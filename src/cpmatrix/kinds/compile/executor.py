@@ -197,6 +197,7 @@ class CompileExecutor:
     #: again. It fails the cell; the rest continue in a fresh subprocess.
     retries_crashes = False
     supports_mutants = False
+    starts_worlds = False
 
     def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
              durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,

@@ -34,6 +34,7 @@ class WorldExecutor:
     plural = "worlds"
     retries_crashes = True
     supports_mutants = True
+    starts_worlds = True
 
     def plan(self, cells: Sequence[Cell], settings: PlanSettings, *,
              durations: Mapping[str, float], worlds: int = 1, pack: PackSpec | None = None,

@@ -95,6 +95,8 @@ class Executor(Planner, Protocol):
     plural: str
     #: A crashed cell is retried alone once, to tell FLAKY from FAILED.
     retries_crashes: bool
+    #: Its jobs are worlds of ranks: the run's summary counts them as its worlds.
+    starts_worlds: bool
 
     def devices_needed(self, entries: Sequence[Entry], platform: Platform,
                        pack: PackSpec | None = None) -> int:
