@@ -233,9 +233,10 @@ def _closure(roots: tuple[str, ...], root: Path = PACKAGE) -> set[str]:
 
 
 def test_a_worlds_processes_import_nothing_of_the_spec_side() -> None:
-    """What a world's processes import is hashed into every cached result's key
-    (``cache/key.py``); the matrix's schema and loader are not in it, so an edit there
-    invalidates no cached cell (docs/architecture.md, "A cell's shapes")."""
+    """A world's processes run none of the spec side's modules: the cell reaches them as
+    the wire's ``CellSpec`` (docs/architecture.md, "A cell's shapes"), never as the
+    matrix's objects. (The cache key counts more than this closure: it reads type-only
+    imports too, erring toward a miss.)"""
     closure = _closure(RANK_ENTRIES)
     assert set(RANK_ENTRIES) <= closure  # the roots were found: a renamed one is no pass
     assert not {m for m in closure if m.startswith("cpmatrix.matrix")}, sorted(closure)

@@ -217,7 +217,7 @@ def test_the_assembly_scan_sees_a_second_path() -> None:
 #: Who plans a run, and how often: the plan is made once, by make_plan over the placement
 #: place_cells found, in assemble() for a run and in plan_only() for ``--dry-run``; the
 #: session executes it as given. A placement's parts (devices and fits, pack, worlds, the
-#: durations to pack by) are asked in place_cells only. ``plan_all`` is gone: none.
+#: durations to pack by) are asked in place_cells only; no other function plans (plan_all).
 PLANNING = {"make_plan": {"supervise/assembly.py": 1, "supervise/pipeline.py": 1},
             "place_cells": {"supervise/assembly.py": 1, "supervise/pipeline.py": 1},
             "devices_for": {"supervise/assembly.py": 1}, "pack_spec": {"supervise/assembly.py": 1},

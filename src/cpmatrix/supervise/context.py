@@ -1,6 +1,7 @@
 """What every executor of one run shares: resolved settings, not command-line flags.
 
-Built once per run by :func:`cpmatrix.supervise.setup.prepare_run` from the run's options.
+Built once per run by :func:`cpmatrix.supervise.setup.make_context`, in
+:func:`cpmatrix.supervise.assembly.assemble`, from the run's options and its placement.
 
 Example::
 

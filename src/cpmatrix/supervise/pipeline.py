@@ -1,5 +1,5 @@
-"""The run's front door: claim -> shard -> order -> prepare -> pack -> schedule -> run ->
-report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
+"""The run's front door: claim -> shard -> order -> place -> prepare -> plan -> schedule ->
+run -> report -> cache, for every front (``cpmatrix run``/``spill``, ``repro``, the pytest plugin).
 
 ``cpmatrix run`` is the stages of :data:`RUN_STAGES`; every front's run is put together
 by one function, :func:`cpmatrix.supervise.assembly.assemble` (place, prepare, plan,
@@ -438,7 +438,7 @@ def execute_cells(options: RunOptions, matrix: Matrix, cells: Sequence[Cell], *,
                   on_result: Callable[[Entry, Result], None],
                   on_start: Callable[[int], None] | None = None,
                   spare: Spare | None = None, executors: Sequence[Executor]) -> RunReport:
-    """The pytest plugin's run of ``cells`` by ``executors``: claim, prepare, pack, run
+    """The pytest plugin's run of ``cells`` by ``executors``: claim, assemble, run
     (no report.html, no summary: pytest reports). A result being reported is reported
     whole: Ctrl-C meanwhile waits for it, then stops the run. ``spare``: a launcher
     started while the plugin collected, for the first world that fits."""

@@ -2,9 +2,8 @@
 
 This is what the rank side of the pytest kind reads of the spec side
 (:mod:`cpmatrix.kinds.pytest.rank_session`): it imports nothing of ``cpmatrix.matrix``, so
-the ranks' import closure (part of every cached result's key) does not hold the matrix
-schema, and an edit of the loader invalidates no cached pytest cell
-(``tests/unit/test_architecture.py`` checks the ranks' closure).
+a world's processes run none of the matrix's modules (``tests/unit/test_architecture.py``
+reads their import closure).
 
 Example::
 

@@ -102,9 +102,10 @@ class CellSpec(_Json):
     """One cell as a child process runs it: every axis already parsed.
 
     Why a shape of its own between the matrix's ``Cell`` and the case's ``CellContext``:
-    it crosses the process boundary as JSON (the world or compile job file), and the
-    worker reads it without importing the matrix's modules, whose edits would otherwise
-    change every cached result's key (the worker's import closure is in each key).
+    it crosses the process boundary as JSON (the world or compile job file), read back
+    typed by a process that runs none of the matrix's modules (a world's processes import
+    nothing of ``cpmatrix.matrix``: ``tests/unit/test_architecture.py``); and it is one
+    run of the cell (its ``out_dir``, the kind's payload), not the matrix's cell.
     """
 
     id: str
