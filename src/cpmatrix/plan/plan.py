@@ -106,8 +106,6 @@ class Plan(Generic[P]):
     #: Cells reported ``skipped``, with why (the placement's, unless the front says them
     #: itself before the run: ``repro``).
     skipped: tuple[tuple[Cell, str], ...] = ()
-    #: The declared mutants each cell also runs with (None: none).
-    mutants: Mapping[str, Sequence[str]] | None = None
 
     @property
     def cells(self) -> tuple[Cell, ...]:
@@ -140,12 +138,14 @@ def make_plan(planners: Sequence[P], placement: Placement, *, cached: Collection
     settings = placement.settings
     hits = tuple(c for c in placement.cells if c.id in cached and not mutants)
     served = {c.id for c in hits}
-    todo = [c for c in placement.cells if c.id not in served]
+    todo: dict[int, list[Cell]] = {id(p): [] for p in planners}
+    for c in placement.cells:
+        if c.id not in served:
+            todo[id(planner_for(planners, c.kind))].extend([c] * settings.runs)
     batches = tuple(
-        (p, tuple(p.plan([c for c in todo if planner_for(planners, c.kind) is p
-                          for _ in range(settings.runs)], settings,
-                         durations=placement.durations, worlds=placement.worlds,
-                         pack=placement.pack, mutants=mutants if p.supports_mutants else None)))
+        (p, tuple(p.plan(todo[id(p)], settings, durations=placement.durations,
+                         worlds=placement.worlds, pack=placement.pack,
+                         mutants=mutants if p.supports_mutants else None)))
         for p in planners)
     return Plan(placement=placement, batches=batches, cached=hits,
-                skipped=placement.skipped if report_skipped else (), mutants=mutants)
+                skipped=placement.skipped if report_skipped else ())
