@@ -36,8 +36,7 @@ from typing import Any
 from cpmatrix.cell import CellContext
 from cpmatrix.fsutil import atomic_write_json
 from cpmatrix.kinds.pytest.records import REPORTS_FILE
-from cpmatrix.kinds.pytest.session_spec import SESSION_KIND as KIND
-from cpmatrix.kinds.pytest.session_spec import PytestSession
+from cpmatrix.kinds.pytest.session_spec import KIND, PytestSession
 from cpmatrix.worker.protocol import CellSpec, PytestSpec, WorldFolder, WorldSpec
 
 __all__ = ["REPORTS_FILE", "PytestFailure", "SessionError", "before_fork", "case", "current_cell",

@@ -20,10 +20,10 @@ from typing import Final
 
 from cpmatrix.digest import canonical_json
 
-__all__ = ["SESSION_KIND", "PytestSession"]
+__all__ = ["KIND", "PytestSession"]
 
-#: The kind of a pytest cell (``Cell.kind``, ``CellSpec.kind``).
-SESSION_KIND: Final = "pytest"
+#: The cell kind of pytest tests (``matrix.schema.KINDS``; ``Cell.kind``, ``CellSpec.kind``).
+KIND: Final = "pytest"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

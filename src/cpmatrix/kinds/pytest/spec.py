@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from cpmatrix.defaults import TIMEOUT_S
 from cpmatrix.digest import canonical_json, cell_digest_from_parts
-from cpmatrix.kinds.pytest.session_spec import SESSION_KIND, PytestSession
+from cpmatrix.kinds.pytest.session_spec import KIND, PytestSession
 from cpmatrix.matrix.cellid import format_cell_id
 from cpmatrix.matrix.schema import MAX_TIMEOUT_S, PYTEST_CASE, Cell, Mesh, Platform
 
@@ -50,8 +50,6 @@ __all__ = [
 
 #: The case every pytest cell runs (inside the rank's pytest session).
 CASE: Final = PYTEST_CASE
-#: The cell kind of pytest tests (``matrix.schema.KINDS``).
-KIND: Final = SESSION_KIND
 #: The recognised ways a test asks for ranks (docs/pytest.md, "Dialects").
 DIALECTS: Final = ("torch", "torch_continuous", "marker", "deepspeed", "local")
 #: The tag of a test that opted out of sharing (``@pytest.mark.isolated_world``).
